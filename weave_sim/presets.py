@@ -1,0 +1,88 @@
+"""Model presets: the MoE geometries the toolkit knows by name.
+
+Numbers come from the models' public configs (see docs/models.md); only what the scheduler needs is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """Geometry of one MoE model's expert layers.
+
+    hidden_size: H, width of a token row.
+    expert_ffn_size: I, width of one routed expert's FFN (gate and up are each H x I, down is I x H).
+    num_experts: routed experts per MoE layer (E).
+    top_k: experts chosen per token (k).
+    num_shared_experts: always-on experts; they run locally and take no part in dispatch or combine.
+    num_moe_layers: number of MoE layers in the model.
+    """
+
+    name: str
+    hidden_size: int
+    expert_ffn_size: int
+    num_experts: int
+    top_k: int
+    num_shared_experts: int
+    num_moe_layers: int
+    hf_id: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("hidden_size", "expert_ffn_size", "num_experts", "top_k", "num_moe_layers"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"preset {self.name}: {field} must be positive")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"preset {self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
+
+    @property
+    def flops_per_pair(self) -> int:
+        """FLOPs of one token through one expert: gate+up 4*H*I plus down 2*H*I."""
+        return 6 * self.hidden_size * self.expert_ffn_size
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one bf16 token row (dispatch and combine payload)."""
+        return 2 * self.hidden_size
+
+    @property
+    def expert_weight_bytes(self) -> int:
+        """bf16 bytes of one routed expert's three matrices."""
+        return 2 * 3 * self.hidden_size * self.expert_ffn_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_PRESETS = [
+    # name, H, I, E, k, shared, layers, hf id
+    ModelPreset("deepseek-v3", 7168, 2048, 256, 8, 1, 58, "deepseek-ai/DeepSeek-V3"),
+    ModelPreset("phi-3.5-moe", 4096, 6400, 16, 2, 0, 32, "microsoft/Phi-3.5-MoE-instruct"),
+    ModelPreset("qwen3-30b-a3b", 2048, 768, 128, 8, 0, 48, "Qwen/Qwen3-30B-A3B"),
+    ModelPreset("qwen3.5-35b-a3b", 2048, 512, 256, 8, 1, 40, "Qwen/Qwen3.5-35B-A3B"),
+    ModelPreset("deepseek-v2-lite", 2048, 1408, 64, 6, 2, 26, "deepseek-ai/DeepSeek-V2-Lite"),
+    ModelPreset("deepseek-v2", 5120, 1536, 160, 6, 2, 59, "deepseek-ai/DeepSeek-V2"),
+    ModelPreset("gpt-oss-20b", 2880, 2880, 32, 4, 0, 24, "openai/gpt-oss-20b"),
+    ModelPreset("olmoe-1b-7b", 2048, 1024, 64, 8, 0, 16, "allenai/OLMoE-1B-7B-0924"),
+    ModelPreset("mixtral-8x7b", 4096, 14336, 8, 2, 0, 32, "mistralai/Mixtral-8x7B-v0.1"),
+]
+
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in _PRESETS}
+
+#: The six models of the Weave paper's evaluation, in its order.
+WEAVE_EVAL_MODELS = (
+    "deepseek-v3",
+    "phi-3.5-moe",
+    "qwen3-30b-a3b",
+    "qwen3.5-35b-a3b",
+    "deepseek-v2-lite",
+    "deepseek-v2",
+)
+
+
+def get_model(name: str) -> ModelPreset:
+    """Return the preset called `name`; unknown names raise a KeyError listing the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}") from None
