@@ -1,0 +1,134 @@
+"""The analytic cost model of one MoE layer on one GPU, and the spatial choice (c*, K*) it implies.
+
+For GPU g with c communication SMs out of N and K combine chunks (all times in ns, bytes/ns = GB/s):
+    T_comm = max((D_out + C_out) / BW(c), (D_in + C_in) / BW_peak)     pushes by this GPU's comm SMs,
+                                                                      ingress limited by the link
+    T_comp = max(F / (TFLOPS(min(N - c, tiles), rows) * eff(K)), W / HBM)
+    T_tail = (1 - rho) * C_out / (BW(c) * K)                          exposed combine tail
+    T(c, K) = max(T_comp + T_tail, T_comm)
+This is the Weave paper's model (D = X_in_uniq*2H, C = X_in*2H) with both link directions kept, a
+parallelism cap (no more compute SMs than output tiles) and weight streaming, so that it can never
+predict a time below the physical lower bound max(F / peak, bytes / NVLink peak, W / HBM).
+The same formulas, evaluated from the exported table, run inside the kernel (weave_kernel).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .profile import HardwareProfile
+from .workload import LayerWorkload
+
+DEFAULT_CHUNKS = (1, 2, 4, 8)
+_TFLOPS_TO_FLOP_PER_NS = 1e3  # 1 TFLOP/s = 1e12 FLOP / 1e9 ns
+
+
+@dataclass(frozen=True)
+class Volumes:
+    """Per-(layer, GPU) inputs of the cost model; every field is float64 [L, G]."""
+
+    flops: np.ndarray
+    dispatch_bytes_in: np.ndarray
+    dispatch_bytes_out: np.ndarray
+    combine_bytes_in: np.ndarray
+    combine_bytes_out: np.ndarray
+    weight_bytes: np.ndarray
+    rows_per_expert: np.ndarray
+    gemm_tiles: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.flops.shape
+
+    @classmethod
+    def from_workloads(cls, workloads: list[LayerWorkload], profile: HardwareProfile) -> "Volumes":
+        def stack(fn):
+            return np.stack([np.asarray(fn(w), dtype=np.float64) for w in workloads])
+
+        return cls(
+            flops=stack(lambda w: w.flops),
+            dispatch_bytes_in=stack(lambda w: w.dispatch_bytes_in),
+            dispatch_bytes_out=stack(lambda w: w.dispatch_bytes_out),
+            combine_bytes_in=stack(lambda w: w.combine_bytes_in),
+            combine_bytes_out=stack(lambda w: w.combine_bytes_out),
+            weight_bytes=stack(lambda w: w.weight_bytes),
+            rows_per_expert=stack(lambda w: w.rows_per_active_expert),
+            gemm_tiles=stack(lambda w: w.gemm_tiles(profile.tile_rows, profile.tile_cols)),
+        )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The cost model's decision per layer and GPU (arrays [L, G])."""
+
+    num_comm_sms: np.ndarray
+    num_chunks: np.ndarray
+    time_ns: np.ndarray
+    lower_bound_ns: np.ndarray
+
+    def layer_time_ns(self) -> np.ndarray:
+        """[L]: a layer ends when its slowest GPU ends."""
+        return self.time_ns.max(axis=1)
+
+
+def lower_bound_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
+    """[L, G]: max(F / peak, max(bytes in, bytes out) / NVLink peak, weight bytes / HBM)."""
+    t_flops = vol.flops / (profile.gemm_peak_tflops * _TFLOPS_TO_FLOP_PER_NS)
+    link_bytes = np.maximum(
+        vol.dispatch_bytes_in + vol.combine_bytes_in, vol.dispatch_bytes_out + vol.combine_bytes_out
+    )
+    return np.maximum.reduce([t_flops, link_bytes / profile.nvlink_peak_gbs, vol.weight_bytes / profile.hbm_gbs])
+
+
+def layer_time_ns(vol: Volumes, profile: HardwareProfile, comm_sms, chunks=DEFAULT_CHUNKS) -> np.ndarray:
+    """T(c, K) for every layer, GPU, c in `comm_sms` and K in `chunks`: float64 [L, G, len(c), len(K)]."""
+    c = np.asarray(comm_sms, dtype=np.float64).reshape(1, 1, -1, 1)
+    eff = np.array([profile.efficiency(k) for k in chunks]).reshape(1, 1, 1, -1)
+    k = np.asarray(chunks, dtype=np.float64).reshape(1, 1, 1, -1)
+    if np.any(c < 1) or np.any(c >= profile.num_sms):
+        raise ValueError(f"comm SM counts must lie in [1, {profile.num_sms - 1}]")
+    v = {name: getattr(vol, name)[:, :, None, None] for name in vol.__dataclass_fields__}
+    bw = profile.bandwidth_gbs(c)
+    t_push = (v["dispatch_bytes_out"] + v["combine_bytes_out"]) / bw
+    t_ingress = (v["dispatch_bytes_in"] + v["combine_bytes_in"]) / profile.nvlink_peak_gbs
+    t_comm = np.maximum(t_push, t_ingress)
+    sms = np.minimum(profile.num_sms - c, np.maximum(v["gemm_tiles"], 1.0))
+    rate = profile.tflops(sms, v["rows_per_expert"]) * _TFLOPS_TO_FLOP_PER_NS
+    t_comp = np.maximum(v["flops"] / (rate * eff), v["weight_bytes"] / profile.hbm_gbs)
+    t_tail = (1.0 - profile.rho) * v["combine_bytes_out"] / (bw * k)
+    return np.maximum(t_comp + t_tail, t_comm)
+
+
+def choose(vol: Volumes, profile: HardwareProfile, comm_sms=None, chunks=DEFAULT_CHUNKS) -> Choice:
+    """argmin of T(c, K) per layer and GPU over the grid; ties go to the smaller c, then the smaller K."""
+    comm = np.arange(1, profile.num_sms) if comm_sms is None else np.asarray(comm_sms)
+    t = layer_time_ns(vol, profile, comm, chunks)
+    num_layers, num_gpus = vol.shape
+    flat = t.reshape(num_layers, num_gpus, -1)
+    best = flat.argmin(axis=2)
+    ci, ki = np.unravel_index(best, t.shape[2:])
+    return Choice(
+        num_comm_sms=comm[ci].astype(np.int64),
+        num_chunks=np.asarray(chunks)[ki].astype(np.int64),
+        time_ns=np.take_along_axis(flat, best[..., None], axis=2)[..., 0],
+        lower_bound_ns=lower_bound_ns(vol, profile),
+    )
+
+
+def static_time_ns(vol: Volumes, profile: HardwareProfile, num_comm_sms: int, num_chunks: int = 1) -> np.ndarray:
+    """[L, G]: T(C, K) of one fixed split for every layer and GPU (a static baseline)."""
+    return layer_time_ns(vol, profile, [num_comm_sms], [num_chunks])[:, :, 0, 0]
+
+
+def sequential_time_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
+    """[L, G]: no overlap: all SMs dispatch, then compute, then combine, plus launch and host sync."""
+    n = profile.num_sms
+    bw = profile.bandwidth_gbs(n)
+    t_dispatch = np.maximum(vol.dispatch_bytes_out / bw, vol.dispatch_bytes_in / profile.nvlink_peak_gbs)
+    t_combine = np.maximum(vol.combine_bytes_out / bw, vol.combine_bytes_in / profile.nvlink_peak_gbs)
+    sms = np.minimum(n, np.maximum(vol.gemm_tiles, 1.0))
+    rate = profile.tflops(sms, vol.rows_per_expert) * _TFLOPS_TO_FLOP_PER_NS
+    t_comp = np.maximum(vol.flops / rate, vol.weight_bytes / profile.hbm_gbs)
+    fixed = 3 * profile.fixed_ns["launch"] + profile.fixed_ns["host_sync"]
+    return fixed + t_dispatch + t_comp + t_combine

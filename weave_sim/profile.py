@@ -1,0 +1,136 @@
+"""Hardware profiles: versioned JSON data describing one GPU kind and its links.
+
+A profile holds calibrated curves, not formulas: NVLink push bandwidth versus communication CTA count,
+per-SM GEMM rate versus rows per expert, chunk efficiency versus chunk count, the combine overlap ratio,
+and fixed costs. `weave-sim calibrate` (see the calibration issue) writes new ones; the shipped ones are
+seeded from shared measurements and say so in `source`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+_TOP_KEYS = {
+    "schema_version", "name", "gpu", "num_sms", "version", "source", "measured_by",
+    "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns", "calibration",
+}
+_FIXED_KEYS = {"launch", "host_sync", "grid_barrier", "task_claim", "signal", "count_exchange", "decision"}
+
+
+class ProfileError(ValueError):
+    """A hardware profile is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One GPU kind. Curves are (x, y) tables; lookups interpolate and clamp at the ends."""
+
+    name: str
+    gpu: str
+    num_sms: int
+    version: str
+    source: str
+    bw_ctas: np.ndarray  # comm CTA counts, ascending
+    bw_gbs: np.ndarray  # push GB/s at those counts, non-decreasing
+    nvlink_peak_gbs: float
+    gemm_rows: np.ndarray  # rows per expert, ascending
+    gemm_per_sm_tflops: np.ndarray
+    gemm_peak_tflops: float
+    tile_rows: int
+    tile_cols: int
+    hbm_gbs: float
+    chunk_eff: dict[int, float]
+    rho: float
+    fixed_ns: dict[str, int]
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    # --- curves -------------------------------------------------------------------------------
+    def bandwidth_gbs(self, num_comm_ctas) -> np.ndarray:
+        """NVLink push GB/s achieved by `num_comm_ctas` CTAs (array-friendly); 0 for 0 CTAs."""
+        c = np.asarray(num_comm_ctas, dtype=np.float64)
+        bw = np.interp(c, np.concatenate([[0.0], self.bw_ctas]), np.concatenate([[0.0], self.bw_gbs]))
+        return np.minimum(bw, self.nvlink_peak_gbs)
+
+    def per_sm_tflops(self, rows_per_expert) -> np.ndarray:
+        """bf16 TFLOP/s of one SM on expert GEMM tiles when experts get `rows_per_expert` rows."""
+        r = np.maximum(np.asarray(rows_per_expert, dtype=np.float64), 1.0)
+        return np.interp(np.log2(r), np.log2(self.gemm_rows), self.gemm_per_sm_tflops)
+
+    def tflops(self, num_compute_sms, rows_per_expert) -> np.ndarray:
+        """GEMM TFLOP/s of `num_compute_sms` SMs, never above the chip's peak."""
+        n = np.asarray(num_compute_sms, dtype=np.float64)
+        return np.minimum(n * self.per_sm_tflops(rows_per_expert), self.gemm_peak_tflops)
+
+    def efficiency(self, num_chunks: int) -> float:
+        """Chunk efficiency eff(K) <= 1; K must be one of the calibrated chunk counts."""
+        try:
+            return self.chunk_eff[int(num_chunks)]
+        except KeyError:
+            raise ProfileError(
+                f"profile {self.name}: no chunk efficiency for K={num_chunks}; known {sorted(self.chunk_eff)}"
+            ) from None
+
+    def to_dict(self) -> dict:
+        return dict(self.raw)
+
+
+def load_profile(name_or_path: str | Path = "h200") -> HardwareProfile:
+    """Load a shipped profile by name ('h200', 'h100-sxm') or any profile JSON by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
+        raise ProfileError(f"no hardware profile {str(name_or_path)!r}; shipped profiles: {known}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+    return profile_from_dict(data, origin=str(path))
+
+
+def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
+    """Validate a profile dictionary and build a HardwareProfile; unknown keys are errors."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ProfileError(f"{origin}: {msg}")
+
+    need(isinstance(data, dict), "profile must be a JSON object")
+    unknown = set(data) - _TOP_KEYS
+    need(not unknown, f"unknown keys {sorted(unknown)}")
+    need(data.get("schema_version") == SCHEMA_VERSION, f"schema_version must be {SCHEMA_VERSION}")
+    for key in ("name", "gpu", "num_sms", "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns"):
+        need(key in data, f"missing key {key!r}")
+    nv, gm = data["nvlink"], data["gemm"]
+    ctas, gbs = _table(nv.get("push_gbs_by_ctas"), "nvlink.push_gbs_by_ctas", need)
+    need(np.all(np.diff(gbs) >= 0), "nvlink.push_gbs_by_ctas must be non-decreasing")
+    rows, rate = _table(gm.get("per_sm_tflops_by_rows"), "gemm.per_sm_tflops_by_rows", need)
+    need(np.all(np.diff(rate) >= 0), "gemm.per_sm_tflops_by_rows must be non-decreasing")
+    eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
+    need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
+    need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
+    fixed = {k: int(v) for k, v in data["fixed_ns"].items()}
+    need(set(fixed) == _FIXED_KEYS, f"fixed_ns must have exactly {sorted(_FIXED_KEYS)}")
+    need(all(v >= 0 for v in fixed.values()), "fixed_ns values must be >= 0")
+    need(int(data["num_sms"]) > 1, "num_sms must be > 1")
+    return HardwareProfile(
+        name=str(data["name"]), gpu=str(data["gpu"]), num_sms=int(data["num_sms"]),
+        version=str(data.get("version", "")), source=str(data.get("source", "")),
+        bw_ctas=ctas, bw_gbs=gbs, nvlink_peak_gbs=float(nv.get("peak_gbs", gbs.max())),
+        gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=float(gm["peak_tflops"]),
+        tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
+        hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, raw=data,
+    )
+
+
+def _table(obj, label: str, need) -> tuple[np.ndarray, np.ndarray]:
+    need(isinstance(obj, dict) and len(obj) >= 2, f"{label} must map at least two x values to y values")
+    pairs = sorted((float(k), float(v)) for k, v in obj.items())
+    xs, ys = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    need(np.all(xs > 0) and np.all(ys >= 0), f"{label}: x must be > 0 and y >= 0")
+    return xs, ys
