@@ -17,10 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costtable import DEFAULT_CHUNKS, row_bucket, table_for
 from .profile import HardwareProfile
 from .workload import LayerWorkload
-
-DEFAULT_CHUNKS = (1, 2, 4, 8)
 _TFLOPS_TO_FLOP_PER_NS = 1e3  # 1 TFLOP/s = 1e12 FLOP / 1e9 ns
 
 
@@ -34,7 +33,7 @@ class Volumes:
     combine_bytes_in: np.ndarray
     combine_bytes_out: np.ndarray
     weight_bytes: np.ndarray
-    rows_per_expert: np.ndarray
+    rows_per_expert: np.ndarray  # integer-valued: pairs // active experts
     gemm_tiles: np.ndarray
 
     @property
@@ -53,7 +52,7 @@ class Volumes:
             combine_bytes_in=stack(lambda w: w.combine_bytes_in),
             combine_bytes_out=stack(lambda w: w.combine_bytes_out),
             weight_bytes=stack(lambda w: w.weight_bytes),
-            rows_per_expert=stack(lambda w: w.rows_per_active_expert),
+            rows_per_expert=stack(lambda w: w.computed_pairs // np.maximum(w.active_local_experts, 1)),
             gemm_tiles=stack(lambda w: w.gemm_tiles(profile.tile_rows, profile.tile_cols)),
         )
 
@@ -82,27 +81,36 @@ def lower_bound_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
 
 
 def layer_time_ns(vol: Volumes, profile: HardwareProfile, comm_sms, chunks=DEFAULT_CHUNKS) -> np.ndarray:
-    """T(c, K) for every layer, GPU, c in `comm_sms` and K in `chunks`: float64 [L, G, len(c), len(K)]."""
-    c = np.asarray(comm_sms, dtype=np.float64).reshape(1, 1, -1, 1)
-    eff = np.array([profile.efficiency(k) for k in chunks]).reshape(1, 1, 1, -1)
-    k = np.asarray(chunks, dtype=np.float64).reshape(1, 1, 1, -1)
-    if np.any(c < 1) or np.any(c >= profile.num_sms):
-        raise ValueError(f"comm SM counts must lie in [1, {profile.num_sms - 1}]")
+    """T(c, K) for every layer, GPU, c in `comm_sms` and K in `chunks`: float64 [L, G, len(c), len(K)].
+
+    Evaluated from the exported CostTable only; the kernel's header does the same arithmetic in the
+    same order (keep the two in step: tests/sim/test_costtable.py compares their choices).
+    """
+    table = table_for(profile, chunks)
+    c_int = np.asarray(comm_sms, dtype=np.int64).reshape(1, 1, -1, 1)
+    if np.any(c_int < 1) or np.any(c_int >= table.num_sms):
+        raise ValueError(f"comm SM counts must lie in [1, {table.num_sms - 1}]")
+    c = c_int.astype(np.float64)
+    k = np.asarray(table.chunks, dtype=np.float64).reshape(1, 1, 1, -1)
+    eff = table.eff.reshape(1, 1, 1, -1)
     v = {name: getattr(vol, name)[:, :, None, None] for name in vol.__dataclass_fields__}
-    bw = profile.bandwidth_gbs(c)
+    bw = table.bw_gbs[c_int]
+    peak_link = table.header("nvlink_peak_gbs")
     t_push = (v["dispatch_bytes_out"] + v["combine_bytes_out"]) / bw
-    t_ingress = (v["dispatch_bytes_in"] + v["combine_bytes_in"]) / profile.nvlink_peak_gbs
+    t_ingress = (v["dispatch_bytes_in"] + v["combine_bytes_in"]) / peak_link
     t_comm = np.maximum(t_push, t_ingress)
-    sms = np.minimum(profile.num_sms - c, np.maximum(v["gemm_tiles"], 1.0))
-    rate = profile.tflops(sms, v["rows_per_expert"]) * _TFLOPS_TO_FLOP_PER_NS
-    t_comp = np.maximum(v["flops"] / (rate * eff), v["weight_bytes"] / profile.hbm_gbs)
-    t_tail = (1.0 - profile.rho) * v["combine_bytes_out"] / (bw * k)
+    sms = np.minimum(table.num_sms - c, np.maximum(v["gemm_tiles"], 1.0))
+    per_sm = table.per_sm_tflops[row_bucket(v["rows_per_expert"])]
+    rate = np.minimum(sms * per_sm, table.header("gemm_peak_tflops")) * _TFLOPS_TO_FLOP_PER_NS
+    t_comp = np.maximum(v["flops"] / (rate * eff), v["weight_bytes"] / table.header("hbm_gbs"))
+    t_tail = (1.0 - table.header("rho")) * v["combine_bytes_out"] / (bw * k)
     return np.maximum(t_comp + t_tail, t_comm)
 
 
 def choose(vol: Volumes, profile: HardwareProfile, comm_sms=None, chunks=DEFAULT_CHUNKS) -> Choice:
     """argmin of T(c, K) per layer and GPU over the grid; ties go to the smaller c, then the smaller K."""
     comm = np.arange(1, profile.num_sms) if comm_sms is None else np.asarray(comm_sms)
+    chunks = table_for(profile, chunks).chunks
     t = layer_time_ns(vol, profile, comm, chunks)
     num_layers, num_gpus = vol.shape
     flat = t.reshape(num_layers, num_gpus, -1)
@@ -127,8 +135,10 @@ def sequential_time_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
     bw = profile.bandwidth_gbs(n)
     t_dispatch = np.maximum(vol.dispatch_bytes_out / bw, vol.dispatch_bytes_in / profile.nvlink_peak_gbs)
     t_combine = np.maximum(vol.combine_bytes_out / bw, vol.combine_bytes_in / profile.nvlink_peak_gbs)
+    table = table_for(profile)
     sms = np.minimum(n, np.maximum(vol.gemm_tiles, 1.0))
-    rate = profile.tflops(sms, vol.rows_per_expert) * _TFLOPS_TO_FLOP_PER_NS
+    per_sm = table.per_sm_tflops[row_bucket(vol.rows_per_expert)]
+    rate = np.minimum(sms * per_sm, profile.gemm_peak_tflops) * _TFLOPS_TO_FLOP_PER_NS
     t_comp = np.maximum(vol.flops / rate, vol.weight_bytes / profile.hbm_gbs)
     fixed = 3 * profile.fixed_ns["launch"] + profile.fixed_ns["host_sync"]
     return fixed + t_dispatch + t_comp + t_combine
