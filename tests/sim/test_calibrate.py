@@ -1,0 +1,50 @@
+import json
+
+import pytest
+
+from weave_sim.calibrate import CalibrationError, build_profile, calibrate_file
+from weave_sim.profile import load_profile
+
+MEAS = {
+    "gpu_name": "NVIDIA H200", "driver": "580", "date": "2026-11-30", "commit": "abc123", "num_sms": 132,
+    "nvlink_push": [{"ctas": 1, "peers": 1, "gbs": 19.0}, {"ctas": 8, "peers": 1, "gbs": 150.0},
+                    {"ctas": 8, "peers": 3, "gbs": 140.0}, {"ctas": 32, "peers": 1, "gbs": 300.0},
+                    {"ctas": 64, "peers": 1, "gbs": 290.0}],
+    "gemm": [{"ctas": 16, "rows_per_expert": 32, "tflops": 20.0}, {"ctas": 64, "rows_per_expert": 32, "tflops": 90.0},
+             {"ctas": 64, "rows_per_expert": 512, "tflops": 320.0}],
+    "chunks": [{"chunks": 1, "time_ns": 1000.0}, {"chunks": 4, "time_ns": 1100.0}, {"chunks": 8, "time_ns": 990.0}],
+    "task_claim_ns": 250.0,
+}
+
+
+def test_profile_from_measurements(tmp_path):
+    out = tmp_path / "p.json"
+    calibrate_file_path = tmp_path / "m.json"
+    calibrate_file_path.write_text(json.dumps(MEAS))
+    prof = calibrate_file(calibrate_file_path, out, base="h200", name="h200-test")
+    p = load_profile(out)
+    assert p.name == "h200-test" and p.version.startswith("2026-11-30-abc123")
+    # slowest peer count per CTA count; running max makes 64 CTAs no slower than 32
+    assert prof["nvlink"]["push_gbs_by_ctas"] == {"1": 19.0, "8": 140.0, "32": 300.0, "64": 300.0}
+    assert p.per_sm_tflops(32) == pytest.approx((20 / 16 + 90 / 64) / 2)
+    assert p.efficiency(4) == pytest.approx(1000 / 1100) and p.efficiency(8) == 1.0
+    assert p.fixed_ns["task_claim"] == 250
+    assert "abc123" in p.source and "task_claim" in p.source
+
+
+@pytest.mark.parametrize("broken, msg", [
+    ({"gemm": None}, "lack"), ({"nvlink_push": [{"ctas": 4, "peers": 1, "gbs": 5.0}]}, "two CTA"),
+    ({"chunks": [{"chunks": 2, "time_ns": 5.0}]}, "K=1"), ({"gemm": [{"ctas": 0, "rows_per_expert": 4, "tflops": 1}]}, "bad gemm"),
+])
+def test_bad_measurements_rejected(broken, msg):
+    m = {**MEAS, **broken}
+    m = {k: v for k, v in m.items() if v is not None}
+    with pytest.raises(CalibrationError, match=msg):
+        build_profile(m)
+
+
+def test_unreadable_file(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text("{")
+    with pytest.raises(CalibrationError, match="cannot read"):
+        calibrate_file(bad, tmp_path / "o.json")
