@@ -1,0 +1,227 @@
+"""GPU correctness worker: run under torchrun (one process per GPU) by test_megakernel_gpu.py.
+
+Every case draws fresh random inputs, poisons the output and the kernel's scratch rows with NaN, runs the
+megakernel with several policies on the same layer (epochs advance, nothing is reset) and compares with the
+fp32 dense reference: ||y - y_ref|| / ||y_ref|| <= 1e-2. Prints one line per (case, policy) and exits 1 on any
+failure. Usage: torchrun --nproc_per_node=G tests/kernel/gpu_worker.py [--quick] [--trace-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from weave_kernel.megakernel import MoEMegakernel
+from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
+from weave_kernel.routing import single_expert_routing, skewed_routing
+from weave_kernel.timeline import write_chrome_trace
+from weave_sim.placement import contiguous, round_robin
+from weave_sim.presets import get_model
+
+TOL = 1e-2
+FAILURES: list[str] = []
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y = y.float()
+    if not torch.isfinite(y).all():
+        return float("inf")
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def gather_routing(ids: np.ndarray, w: np.ndarray, x: torch.Tensor):
+    """All ranks' routing and tokens (variable token counts per rank) for the dense reference."""
+    world = dist.get_world_size()
+    objs = [None] * world
+    dist.all_gather_object(objs, (ids, w))
+    xs = [None] * world
+    dist.all_gather_object(xs, x.cpu())
+    return objs, xs
+
+
+def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
+             routing: str = "skewed", placement: str = "contiguous", policies=("sequential", "static:8", "static:64"),
+             repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
+    key = (hidden, inter, num_experts, top_k, placement, max(tokens))
+    layer = (layer_cache or {}).get(key)
+    if layer is None:
+        layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
+                              max_tokens=max(tokens), timeline_per_cta=512)
+        if layer_cache is not None:
+            layer_cache[key] = layer
+    gen = torch.Generator(device=dev).manual_seed(1000 + seed)  # same weights on every rank
+    w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
+    local = torch.as_tensor(pl.local_experts(rank), device=dev)
+    w13 = w13_all[local].contiguous()
+    w2 = w2_all[local].contiguous()
+    for rep in range(repeats):
+        n = tokens[rank % len(tokens)]
+        s = seed * 7919 + rep * 31 + rank
+        if routing == "skewed":
+            ids, w = skewed_routing(n, num_experts, top_k, seed=s, zipf_s=1.2)
+        elif routing == "one_expert":
+            ids, w = single_expert_routing(n, top_k, expert=num_experts - 1, num_experts=num_experts, seed=s)
+        else:
+            raise ValueError(routing)
+        x = (torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)) ).to(torch.bfloat16)
+        all_routing, all_x = gather_routing(ids, w, x)
+        # dense reference over everyone's tokens; this rank's rows are its slice
+        ids_cat = torch.as_tensor(np.concatenate([r[0] for r in all_routing])).to(dev)
+        w_cat = torch.as_tensor(np.concatenate([r[1] for r in all_routing])).to(dev)
+        x_cat = torch.cat(all_x).to(dev)
+        ref_all = moe_reference(x_cat, ids_cat, w_cat, w13_all, w2_all)
+        start = sum(tokens[g % len(tokens)] for g in range(rank))
+        ref = ref_all[start:start + n]
+        x_d = x.to(dev)
+        ids_d = torch.as_tensor(ids).to(dev)
+        w_d = torch.as_tensor(w).to(dev)
+        for pol in policies:
+            y = torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev)
+            torch.cuda.synchronize()
+            dist.barrier()
+            layer.poison_scratch()
+            torch.cuda.synchronize()
+            dist.barrier()
+            try:
+                layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y)
+                torch.cuda.synchronize()
+                err = rel_err(y, ref)
+            except Exception as exc:  # noqa: BLE001 - report and continue with the other cases
+                err = float("inf")
+                traceback.print_exc()
+                print(f"rank {rank}: {name} {pol}: {exc}", flush=True)
+            errs = [None] * world
+            dist.all_gather_object(errs, err)
+            ok = all(e <= TOL for e in errs)
+            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} {pol:<11} tokens {tokens} "
+                f"rel_err {' '.join(f'{e:.2e}' for e in errs)}")
+            if not ok:
+                FAILURES.append(f"{name} rep {rep} {pol}")
+        if ep_ref:
+            yr = ep_moe_reference(x_d, ids_d, w_d, w13, w2, torch.as_tensor(pl.owner),
+                                  torch.as_tensor(pl.local_index()))
+            errs = [None] * world
+            dist.all_gather_object(errs, rel_err(yr, ref))
+            ok = all(e <= TOL for e in errs)
+            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} ep_reference rel_err "
+                f"{' '.join(f'{e:.2e}' for e in errs)}")
+            if not ok:
+                FAILURES.append(f"{name} ep_reference")
+
+
+def check_errors(trace_dir: str | None) -> None:
+    """Bad ids in the kernel, a missing peer (timeout, no hang), timeline output."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    H, I, E, k = 256, 128, 4 * world, 2
+    pl = contiguous(E, world)
+    w13, w2 = (t.to(dev) for t in make_weights(E // world, H, I))
+    x = torch.randn(100, H, device=dev).to(torch.bfloat16)
+    ids, w = skewed_routing(100, E, k, seed=rank)
+    ids_d, w_d = torch.as_tensor(ids).to(dev), torch.as_tensor(w).to(dev)
+
+    layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128,
+                          timeline_per_cta=256)
+    layer(x, ids_d, w_d, w13, w2, policy="static:16", record_timeline=True)
+    torch.cuda.synchronize()
+    events, _ = layer.timeline_events()
+    kinds = sorted({e["name"] for e in events})
+    ok = {"count_exchange", "dispatch", "gemm0", "gemm1", "reduce"} <= set(kinds)
+    log(f"{'PASS' if ok else 'FAIL'} timeline kinds {kinds} ({len(events)} events on rank 0)")
+    if not ok:
+        FAILURES.append("timeline")
+    if trace_dir:
+        allev = [None] * world
+        dist.all_gather_object(allev, events)
+        if rank == 0:
+            write_chrome_trace(os.path.join(trace_dir, "kernel_trace_small.json"), [e for ev in allev for e in ev])
+
+    # host-side id check
+    bad = ids_d.clone()
+    bad[3, 1] = E
+    try:
+        layer(x, bad, w_d, w13, w2)
+        FAILURES.append("host id check")
+        log("FAIL host-side id check did not raise")
+    except ValueError as exc:
+        log(f"PASS host-side id check: {exc}")
+    # in-kernel id check (every rank passes a bad id, so nobody waits for a peer)
+    try:
+        layer(x, bad, w_d, w13, w2, check=False)
+        layer.raise_if_error()
+        FAILURES.append("kernel id check")
+        log("FAIL in-kernel id check did not raise")
+    except RuntimeError as exc:
+        log(f"PASS in-kernel id check: {exc}")
+    torch.cuda.synchronize()
+    dist.barrier()
+    # a peer that never calls: rank 0 must raise after the timeout, not hang
+    if world > 1:
+        layer2 = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128,
+                               timeout_s=0.3)
+        if rank == 0:
+            try:
+                layer2(x, ids_d, w_d, w13, w2)
+                FAILURES.append("timeout")
+                print("FAIL missing peer did not raise", flush=True)
+            except RuntimeError as exc:
+                print(f"PASS missing peer raises: {exc}", flush=True)
+        torch.cuda.synchronize()
+        dist.barrier()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer cases")
+    ap.add_argument("--trace-dir", default=None)
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    # every preset geometry (H, I, k as in the model; fewer experts and tokens)
+    models = ["deepseek-v3", "phi-3.5-moe", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "deepseek-v2-lite",
+              "deepseek-v2", "gpt-oss-20b", "mixtral-8x7b", "olmoe-1b-7b"]
+    if args.quick:
+        models = ["qwen3-30b-a3b", "gpt-oss-20b"]
+    for i, name in enumerate(models):
+        m = get_model(name)
+        e = min(m.num_experts, 8 * world)
+        k = min(m.top_k, e // 2)
+        run_case(f"{name} E{e} k{k}", hidden=m.hidden_size, inter=m.expert_ffn_size, num_experts=e, top_k=k,
+                 tokens=[200 + 37 * g for g in range(world)], seed=i, ep_ref=(i == 0))
+    cache: dict = {}
+    run_case("zero-token experts E64 k2 N=50", hidden=512, inter=256, num_experts=64, top_k=2, tokens=[50],
+             seed=20)
+    run_case("all tokens on one expert", hidden=1024, inter=512, num_experts=8 * world, top_k=4, tokens=[777, 301],
+             routing="one_expert", seed=21)
+    run_case("round-robin placement N=1", hidden=768, inter=384, num_experts=4 * world, top_k=2, tokens=[1, 64],
+             placement="round-robin", seed=22)
+    run_case("repeated calls, one layer", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
+             tokens=[1000, 513], repeats=3, seed=23, layer_cache=cache,
+             policies=("static:20", "sequential", "static:1", "static:100"))
+    run_case("repeated calls, other sizes", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
+             tokens=[1000, 100], repeats=2, seed=24, layer_cache=cache, policies=("static:24", "static:24"))
+    check_errors(args.trace_dir)
+    dist.barrier()
+    log(f"SUMMARY: {len(FAILURES)} failures" + (": " + "; ".join(FAILURES) if FAILURES else ""))
+    rc = 1 if FAILURES else 0
+    dist.destroy_process_group()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Framework-free CUDA sources: compile-check with nvcc (skipped without it); the Python mirrors of the
+structs and enums in csrc/params.h agree with the C++ (needs a C++ compiler)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from weave_kernel.timeline import KIND_NAMES, RECORD_DTYPE, ROLE_NAMES
+
+CSRC = Path(__file__).resolve().parents[2] / "weave_kernel" / "csrc"
+PARAMS_H = (CSRC / "params.h").read_text()
+TORCH_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_launcher_compiles_for_sm90a(tmp_path):
+    out = tmp_path / "launch.o"
+    r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-DNDEBUG",
+                        "--expt-relaxed-constexpr", *TORCH_DEFINES, "-Xptxas", "-v", "-c",
+                        str(CSRC / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "spill" in r.stderr
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert spills and max(spills) == 0, r.stderr  # the GEMM accumulators must stay in registers
+
+
+def _cxx():
+    return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+@pytest.mark.skipif(_cxx() is None, reason="no C++ compiler")
+def test_timeline_record_layout_matches_python(tmp_path):
+    src = tmp_path / "layout.cpp"
+    fields = [n for n in RECORD_DTYPE.names]
+    body = "\n".join(f'  std::printf("{f} %zu\\n", offsetof(weave::TimelineRecord, {f}));' for f in fields)
+    src.write_text(f'#include <cstdio>\n#include "params.h"\nint main() {{\n'
+                   f'  std::printf("itemsize %zu\\n", sizeof(weave::TimelineRecord));\n{body}\n}}\n')
+    exe = tmp_path / "layout"
+    subprocess.run([_cxx(), "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                        check=True).stdout.splitlines())
+    assert int(got["itemsize"]) == RECORD_DTYPE.itemsize
+    for f in fields:
+        assert int(got[f]) == RECORD_DTYPE.fields[f][1], f
+
+
+def _enum(name: str) -> list[str]:
+    body = re.search(r"enum " + name + r"[^{]*\{(.*?)\};", PARAMS_H, re.S).group(1)
+    return re.findall(r"k\w+", re.sub(r"//.*", "", body))
+
+
+def test_task_kinds_and_roles_match_params_h():
+    kinds = _enum("TaskKind")
+    camel = ["".join(w.capitalize() for w in n.split("_")) for n in KIND_NAMES]
+    assert kinds == ["kTask" + c for c in camel]
+    assert _enum("Role") == ["kRole" + r.capitalize() for r in ROLE_NAMES]
+
+
+def test_policy_and_error_codes_match_params_h():
+    from weave_kernel import policies
+    from weave_kernel.megakernel import ERROR_TEXT
+
+    vals = dict(re.findall(r"(kPolicy\w+) = (\d+)", PARAMS_H))
+    assert int(vals["kPolicySequential"]) == policies.POLICY_SEQUENTIAL
+    assert int(vals["kPolicyStatic"]) == policies.POLICY_STATIC
+    errs = {int(v) for k, v in re.findall(r"(kErr\w+) = (\d+)", PARAMS_H) if k != "kErrNone"}
+    assert errs == set(ERROR_TEXT)

@@ -1,0 +1,36 @@
+"""Build (once, cached by torch.utils.cpp_extension + ninja) and load the megakernel extension."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("binding.cpp", "launch.cu")
+CUDA_FLAGS = (
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-O3",
+    "-DNDEBUG",
+    "-std=c++17",
+    "-lineinfo",
+    "--expt-relaxed-constexpr",
+)
+_EXT = None
+
+
+def load_extension(verbose: bool = False):
+    """Compile (first call per cache folder) and import the extension. Needs CUDA, nvcc and ninja."""
+    global _EXT
+    if _EXT is not None:
+        return _EXT
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
+    from torch.utils.cpp_extension import load
+
+    _EXT = load(
+        name="weave_moe_ext",
+        sources=[str(CSRC / s) for s in SOURCES],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=list(CUDA_FLAGS),
+        extra_include_paths=[str(CSRC)],
+        verbose=verbose,
+    )
+    return _EXT

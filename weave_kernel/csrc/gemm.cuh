@@ -1,0 +1,185 @@
+// One BM x BN output tile of C = A * B^T on tensor cores: bf16 in, fp32 accumulate.
+// mma.sync m16n8k16 fed by ldmatrix from 128-byte XOR-swizzled smem rows, a kStages-deep cp.async pipeline.
+// A rows and B rows are given per row (pointer + valid flag) so that the same loop serves GEMM0 (gate/up
+// rows interleaved) and GEMM1, with rows past the end zero-filled. Framework-free.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+
+namespace weave {
+
+using C = Config;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of smem row `row` (128-byte rows, XOR swizzle on row % 8).
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+struct TileAcc {
+  float c[C::kFragsM][C::kFragsN][4];
+};
+
+// Rows of A and B that this thread copies every stage, resolved once per tile.
+struct TileOperands {
+  static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / C::kThreads;  // 2
+  static constexpr int kBChunks = C::kBlockN * C::kBlockK / 8 / C::kThreads;  // 4
+  const bf16* a_row[kAChunks];
+  const bf16* b_row[kBChunks];
+  bool a_ok[kAChunks];
+  bool b_ok[kBChunks];
+};
+
+__device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem, int stage, int k0) {
+  uint8_t* sa = smem + stage * C::kSmemStage;
+  uint8_t* sb = sa + C::kSmemA;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int c = threadIdx.x + i * C::kThreads;
+    const int row = c >> 3, chunk = c & 7;
+    const bf16* src = op.a_ok[i] ? op.a_row[i] + k0 + chunk * 8 : op.a_row[i];
+    cp_async_16(smem_u32(sa + swz(row, chunk)), src, op.a_ok[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) {
+    const int c = threadIdx.x + i * C::kThreads;
+    const int row = c >> 3, chunk = c & 7;
+    const bf16* src = op.b_ok[i] ? op.b_row[i] + k0 + chunk * 8 : op.b_row[i];
+    cp_async_16(smem_u32(sb + swz(row, chunk)), src, op.b_ok[i]);
+  }
+}
+
+// acc = A[BM, K] * B[BN, K]^T. K % kBlockK == 0. Ends with a __syncthreads (smem free for the epilogue).
+__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uint8_t* smem, TileAcc& acc) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+#pragma unroll
+  for (int i = 0; i < C::kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kFragsN; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc.c[i][j][q] = 0.f;
+
+  const int num_k = K / C::kBlockK;
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < num_k) load_stage(op, smem, s, s * C::kBlockK);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < num_k; ++kt) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    const int next = kt + C::kStages - 1;
+    if (next < num_k) load_stage(op, smem, next % C::kStages, next * C::kBlockK);
+    cp_async_commit();
+
+    const uint8_t* sa = smem + (kt % C::kStages) * C::kSmemStage;
+    const uint8_t* sb = sa + C::kSmemA;
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockK / 16; ++kk) {
+      uint32_t a[C::kFragsM][4];
+      uint32_t b[C::kFragsN][2];
+#pragma unroll
+      for (int i = 0; i < C::kFragsM; ++i) {
+        const int row = wm * C::kWarpTileM + i * 16 + (lane & 15);
+        const int chunk = kk * 2 + (lane >> 4);
+        ldmatrix_x4(smem_u32(sa + swz(row, chunk)), a[i][0], a[i][1], a[i][2], a[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < C::kFragsN / 2; ++j) {
+        const int row = wn * C::kWarpTileN + j * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int chunk = kk * 2 + ((lane >> 3) & 1);
+        ldmatrix_x4(smem_u32(sb + swz(row, chunk)), b[2 * j][0], b[2 * j][1], b[2 * j + 1][0], b[2 * j + 1][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < C::kFragsM; ++i)
+#pragma unroll
+        for (int j = 0; j < C::kFragsN; ++j) mma_bf16_16816(acc.c[i][j], a[i], b[j][0], b[j][1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+// Position of accumulator element q (0..3) of fragment (i, j) inside the tile.
+__device__ __forceinline__ int acc_row(int i, int q) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  return (warp / C::kWarpsN) * C::kWarpTileM + i * 16 + (lane >> 2) + ((q >> 1) << 3);
+}
+__device__ __forceinline__ int acc_col(int j, int q) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  return (warp % C::kWarpsN) * C::kWarpTileN + j * 8 + ((lane & 3) << 1) + (q & 1);
+}
+
+// GEMM0 B-row interleave: smem B row n holds w13 row gate_or_up * I + h_col so that every warp holds the
+// gate and up values of the same h column in its n-frags {0,1} and {2,3}: SwiGLU stays in registers.
+__device__ __forceinline__ int gemm0_b_row(int n, int inter, int col_block) {
+  const int warp_n = n / C::kWarpTileN;
+  const int frag = (n % C::kWarpTileN) / 8;
+  const int h_col = warp_n * 16 + (frag & 1) * 8 + (n % 8);
+  return (frag >= 2 ? inter : 0) + col_block * C::kHalfN + h_col;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// Stage SwiGLU(acc) as bf16 [BM][64] into smem (row stride kEpiStride).
+__device__ __forceinline__ void stage_swiglu(const TileAcc& acc, bf16* s_out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+#pragma unroll
+  for (int i = 0; i < C::kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = wm * C::kWarpTileM + i * 16 + (lane >> 2) + half * 8;
+        const int col = wn * 16 + j * 8 + ((lane & 3) << 1);
+        const float g0 = acc.c[i][j][half * 2], g1 = acc.c[i][j][half * 2 + 1];
+        const float u0 = acc.c[i][j + 2][half * 2], u1 = acc.c[i][j + 2][half * 2 + 1];
+        *reinterpret_cast<__nv_bfloat162*>(s_out + row * C::kEpiStride + col) =
+            __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+      }
+}
+
+// Stage acc as bf16 [BM][BN] into smem.
+__device__ __forceinline__ void stage_plain(const TileAcc& acc, bf16* s_out) {
+#pragma unroll
+  for (int i = 0; i < C::kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kFragsN; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = acc_row(i, half * 2), col = acc_col(j, half * 2);
+        *reinterpret_cast<__nv_bfloat162*>(s_out + row * C::kEpiStride + col) =
+            __floats2bfloat162_rn(acc.c[i][j][half * 2], acc.c[i][j][half * 2 + 1]);
+      }
+}
+
+}  // namespace weave

@@ -1,0 +1,37 @@
+// C launcher for the megakernel: no torch headers here (they triple the build time).
+#include <cuda_runtime.h>
+
+#include "megakernel.cuh"
+
+namespace {
+constexpr int kStaticSmem = sizeof(weave::SharedLayout);
+}
+
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream) {
+  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemPipe);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  void* args[] = {const_cast<weave::Params*>(params)};
+  err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
+                                    weave::Config::kSmemPipe, static_cast<cudaStream_t>(stream));
+  return static_cast<int>(err);
+}
+
+// CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
+extern "C" int weave_moe_max_ctas(int device) {
+  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemPipe) != cudaSuccess)
+    return -1;
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, weave::Config::kThreads, weave::Config::kSmemPipe) !=
+      cudaSuccess)
+    return -1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  return per_sm >= 1 ? sms : 0;
+}
+
+extern "C" const char* weave_cuda_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+extern "C" int weave_static_smem_bytes() { return kStaticSmem; }

@@ -1,0 +1,213 @@
+// The persistent cross-GPU MoE megakernel: one cooperative launch per GPU per layer, one CTA per SM.
+//
+//   routing      all CTAs: histogram of this rank's (token, j) pairs, slot of every pair, sorted pair list
+//   counts       CTA g writes this rank's per-expert counts into rank g and publishes an epoch flag
+//   layout       every CTA: wait for all ranks' counts, compute every owner's receive layout (layout.cuh)
+//   policy       sequential: dispatch | GEMM0 | GEMM1 | combine, grid barriers between phases
+//                static:C  : CTAs [0, C) dispatch; the others claim GEMM tiles from one atomic ticket
+//                            (GEMM0 of block i interleaved with GEMM1 of block i - L), waiting only on the
+//                            rows they need; GEMM1 epilogues push straight into the source's combine slots
+//   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb
+//
+// Cross-GPU flags hold the call's epoch (never reset); on-chip counters are double-buffered by epoch parity
+// and the idle parity is cleared at the start of the call. See docs/kernel.md.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+#include "gemm.cuh"
+#include "layout.cuh"
+#include "sync.cuh"
+#include "tasks.cuh"
+
+namespace weave {
+
+// Routing and count exchange. Leaves s.cnt, s.ebase and the layout filled in every CTA.
+__device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) {
+  const int E = p.num_experts, G = p.world, tid = threadIdx.x;
+  const int par = static_cast<int>(p.epoch & 1), other = par ^ 1;
+  const uint64_t t0 = tl_now(p);
+  // clear the idle parity of the on-chip counters (last used by the previous call, which has ended)
+  for (int i = blockIdx.x * Config::kThreads + tid; i < p.max_row_blocks; i += p.num_ctas * Config::kThreads)
+    p.g0_done[other * p.max_row_blocks + i] = 0u;
+  if (blockIdx.x == 0 && tid < 4) p.sched[other * 4 + tid] = 0u;
+
+  // histogram of this CTA's chunk of pairs; rank of each pair inside its expert within the CTA
+  const int num_pairs = p.num_tokens * p.top_k;
+  const int chunk = ceil_div(num_pairs, p.num_ctas);
+  const int p0 = min(num_pairs, static_cast<int>(blockIdx.x) * chunk), p1 = min(num_pairs, p0 + chunk);
+  for (int e = tid; e < E; e += Config::kThreads) s.hist[e] = 0;
+  __syncthreads();
+  for (int i = p0 + tid; i < p1; i += Config::kThreads) {
+    const int e = __ldg(p.topk_ids + i);
+    if (e < 0 || e >= E) {
+      raise_error(p, kErrBadExpertId, i, e);
+      continue;
+    }
+    p.pair_slot[i] = atomicAdd(&s.hist[e], 1);
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += Config::kThreads) p.cta_hist[blockIdx.x * E + e] = s.hist[e];
+  if (!grid_barrier(p, 0, &s.ok)) return false;
+
+  // this CTA's base per expert, this rank's totals, the sorted pair list
+  int* my_cnt = s.cnt + p.rank * E;
+  for (int e = tid; e < E; e += Config::kThreads) {
+    int before = 0, total = 0;
+    for (int b = 0; b < p.num_ctas; ++b) {
+      const int v = __ldcg(p.cta_hist + b * E + e);
+      before += b < static_cast<int>(blockIdx.x) ? v : 0;
+      total += v;
+    }
+    s.hist[e] = before;
+    my_cnt[e] = total;
+  }
+  __syncthreads();
+  block_scan(E, [&](int e) { return my_cnt[e]; }, s.ebase, s.scan_tmp);
+  for (int i = p0 + tid; i < p1; i += Config::kThreads) {
+    const int e = __ldg(p.topk_ids + i);
+    p.sorted_pair[s.ebase[e] + s.hist[e] + p.pair_slot[i]] = i;
+  }
+  // count exchange: CTA g pushes this rank's counts into rank g, then publishes the epoch
+  if (static_cast<int>(blockIdx.x) < G) {
+    const int g = blockIdx.x;
+    int32_t* dst = sym<int32_t>(p, g, p.off_gcounts) + (par * G + p.rank) * E;
+    for (int e = tid; e < E; e += Config::kThreads) dst[e] = my_cnt[e];
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence_system();
+      st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, p.epoch);
+    }
+  }
+  if (!grid_barrier(p, 1, &s.ok)) return false;  // sorted_pair complete before anyone dispatches
+
+  // every CTA: wait for all ranks' counts, load them, build the layout
+  if (tid == 0) {
+    bool ok = true;
+    for (int g = 0; g < G && ok; ++g) {
+      const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_count_flag) + g;
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCounts, g, 0);
+    }
+    s.ok = ok;
+  }
+  __syncthreads();
+  if (!cta_read_ok(&s.ok)) return false;
+  const int32_t* gc = sym<const int32_t>(p, p.rank, p.off_gcounts) + par * G * E;
+  for (int i = tid; i < G * E; i += Config::kThreads) s.cnt[i] = __ldcg(gc + i);
+  __syncthreads();
+  const bool ok = build_layout(s, p);
+  tl_record(p, s, t0, blockIdx.x < static_cast<unsigned>(max(p.num_comm_ctas, 1)) ? kRoleComm : kRoleCompute,
+            kTaskCountExchange, -1, -1);
+  return ok;
+}
+
+// Claim the next ticket (all threads get it).
+__device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) s.ticket = static_cast<int>(atomicAdd(counter, 1u));
+  __syncthreads();
+  return s.ticket;
+}
+
+// static:C compute loop. Ticket order: segment i holds GEMM0 tiles of block i, then GEMM1 tiles of block
+// i - L; S(i) = n0 * min(i, NB) + n1 * clamp(i - L, 0, NB) is the first ticket of segment i.
+__device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
+  const int NB = lv.num_compute_blocks();
+  const int n0 = p.inter / Config::kHalfN, n1 = ceil_div(p.hidden, Config::kBlockN);
+  const int num_compute = p.num_ctas - p.num_comm_ctas;
+  const int L = max(1, ceil_div(num_compute, n0));
+  const int total = NB * (n0 + n1);
+  const int par = static_cast<int>(p.epoch & 1);
+  uint32_t* ticket = p.sched + par * 4 + 0;
+  uint32_t* done = p.sched + par * 4 + 2;
+  auto seg_start = [&](int i) { return n0 * min(i, NB) + n1 * min(max(i - L, 0), NB); };
+  for (;;) {
+    const int t = claim_ticket(s, ticket);
+    if (t >= total) break;
+    int lo = 0, hi = NB + L;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (seg_start(mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    int off = t - seg_start(lo);
+    if (lo < NB && off < n0) {
+      if (!gemm0_tile(p, s, smem, lv.compute_block(lo), off, kRoleCompute)) return false;
+    } else {
+      if (lo < NB) off -= n0;
+      if (!gemm1_tile(p, s, smem, lv.compute_block(lo - L), off, kRoleCompute, true)) return false;
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        if (atomicAdd(done, 1u) == static_cast<uint32_t>(NB * n1) - 1) post_combine_flags(p);
+      }
+    }
+  }
+  return true;
+}
+
+__device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
+  const int par = static_cast<int>(p.epoch & 1);
+  const int ND = lv.num_dispatch_blocks(), NB = lv.num_compute_blocks();
+  const int n0 = p.inter / Config::kHalfN, n1 = ceil_div(p.hidden, Config::kBlockN);
+  for (int i = blockIdx.x; i < ND; i += p.num_ctas) {
+    const uint64_t t0 = tl_now(p);
+    const RowBlock b = lv.dispatch_block(i);
+    dispatch_block(p, s, b);
+    tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
+  }
+  if (!grid_barrier(p, 2, &s.ok)) return false;
+  for (;;) {
+    const int t = claim_ticket(s, p.sched + par * 4 + 0);
+    if (t >= NB * n0) break;
+    if (!gemm0_tile(p, s, smem, lv.compute_block(t / n0), t % n0, kRoleCompute)) return false;
+  }
+  if (!grid_barrier(p, 3, &s.ok)) return false;
+  for (;;) {
+    const int t = claim_ticket(s, p.sched + par * 4 + 1);
+    if (t >= NB * n1) break;
+    if (!gemm1_tile(p, s, smem, lv.compute_block(t / n1), t % n1, kRoleCompute, false)) return false;
+  }
+  if (!grid_barrier(p, 4, &s.ok)) return false;
+  for (int i = blockIdx.x; i < NB; i += p.num_ctas) {
+    const uint64_t t0 = tl_now(p);
+    const RowBlock b = lv.compute_block(i);
+    combine_block(p, s, b);
+    tl_record(p, s, t0, kRoleComm, kTaskCombine, b.row0 / Config::kBlockM, b.src);
+  }
+  if (threadIdx.x == 0) __threadfence_system();
+  if (!grid_barrier(p, 5, &s.ok)) return false;
+  if (blockIdx.x == 0 && threadIdx.x == 0) post_combine_flags(p);
+  return true;
+}
+
+__global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ SharedLayout s;
+  if (threadIdx.x == 0) s.tl_count = 0;
+  __syncthreads();
+  bool ok = routing_phase(p, s);
+  if (ok) {
+    const LayoutView lv{s, p};
+    if (p.policy == kPolicySequential) {
+      ok = sequential_body(p, s, smem, lv);
+    } else if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
+      const int ND = lv.num_dispatch_blocks();
+      for (int i = blockIdx.x; i < ND; i += p.num_comm_ctas) {
+        const uint64_t t0 = tl_now(p);
+        const RowBlock b = lv.dispatch_block(i);
+        dispatch_block(p, s, b);
+        tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
+      }
+      if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
+    } else {
+      ok = static_compute(p, s, smem, lv);
+    }
+    if (ok) {
+      const uint16_t role = (p.policy == kPolicyStatic && static_cast<int>(blockIdx.x) < p.num_comm_ctas)
+                                ? kRoleComm : kRoleCompute;
+      ok = reduce_phase(p, s, role);
+    }
+  }
+  if (p.timeline != nullptr && threadIdx.x == 0) p.timeline_count[blockIdx.x] = s.tl_count;
+}
+
+}  // namespace weave

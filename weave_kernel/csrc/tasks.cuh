@@ -1,0 +1,255 @@
+// The tasks a CTA runs: dispatch a row block, GEMM0 (+SwiGLU) and GEMM1 (+combine push) tiles, push a row
+// block back (sequential policy), and the weighted reduction. Framework-free: raw pointers only.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+#include "gemm.cuh"
+#include "layout.cuh"
+#include "sync.cuh"
+
+namespace weave {
+
+// ---- symmetric-buffer addressing ----------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ T* sym(const Params& p, int rank, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p.peer_base[rank]) + static_cast<uint64_t>(offset));
+}
+
+// ---- timeline -----------------------------------------------------------------------------------------
+__device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
+                                          uint16_t kind, int a0, int a1) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  const int n = s.tl_count;
+  if (n >= p.timeline_per_cta) return;
+  TimelineRecord r;
+  r.start_ns = t0;
+  r.end_ns = globaltimer_ns();
+  r.sm = smid();
+  r.role = role;
+  r.kind = kind;
+  r.arg0 = a0;
+  r.arg1 = a1;
+  p.timeline[static_cast<int64_t>(blockIdx.x) * p.timeline_per_cta + n] = r;
+  s.tl_count = n + 1;
+}
+// Record a wait only when it cost something (keeps traces small).
+__device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role, int a0,
+                                        int a1) {
+  if (p.timeline != nullptr && threadIdx.x == 0 && globaltimer_ns() - t0 > 1000)
+    tl_record(p, s, t0, role, kTaskWait, a0, a1);
+}
+__device__ __forceinline__ uint64_t tl_now(const Params& p) { return p.timeline ? globaltimer_ns() : 0; }
+
+// ---- row copies (16-byte accesses, kCopyUnroll loads in flight per thread) -------------------------------
+// Copies num_rows rows of row_chunks 16-byte chunks from src_row(m) to dst_row(m).
+template <typename SrcRow, typename DstRow>
+__device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow src_row, DstRow dst_row) {
+  const int total = num_rows * row_chunks;
+  constexpr int U = Config::kCopyUnroll;
+  for (int base = threadIdx.x; base < total; base += Config::kThreads * U) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = base + u * Config::kThreads;
+      if (idx < total) v[u] = __ldcg(src_row(idx / row_chunks) + idx % row_chunks);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = base + u * Config::kThreads;
+      if (idx < total) dst_row(idx / row_chunks)[idx % row_chunks] = v[u];
+    }
+  }
+}
+
+// ---- dispatch: push one row block of this rank's tokens into the owner's receive buffer ----------------
+__device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, const RowBlock& b) {
+  const int H = p.hidden;
+  int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
+  if (threadIdx.x < b.num_rows) {
+    const int pair = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
+    s.pair[threadIdx.x] = pair;
+    meta[b.row0 + threadIdx.x] = pair;
+  }
+  __syncthreads();
+  const int4* x = reinterpret_cast<const int4*>(p.x);
+  int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
+  const int row_chunks = H / 8;
+  copy_rows(
+      b.num_rows, row_chunks,
+      [&](int m) { return x + static_cast<int64_t>(s.pair[m] / p.top_k) * row_chunks; },
+      [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + b.row0 / Config::kBlockM, p.epoch);
+  }
+}
+
+// ---- GEMM0: h[rows, 64 cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
+__device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
+                                           int col_block, uint16_t role) {
+  const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
+  const uint64_t t0 = tl_now(p);
+  if (!cta_wait_flag_sys(p, sym<uint64_t>(p, p.rank, p.off_blk_flag) + rb, p.epoch, kErrTimeoutRows, rb, b.src,
+                         &s.ok))
+    return false;
+  tl_wait(p, s, t0, role, rb, col_block);
+  const uint64_t t1 = tl_now(p);
+
+  TileOperands op;
+  const bf16* recv = sym<const bf16>(p, p.rank, p.off_recv_x);
+  const bf16* w = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
+    op.a_ok[i] = m < b.num_rows;
+    op.a_row[i] = recv + static_cast<int64_t>(b.row0 + (op.a_ok[i] ? m : 0)) * H;
+  }
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) {
+    const int n = (threadIdx.x + i * Config::kThreads) >> 3;
+    op.b_ok[i] = true;
+    op.b_row[i] = w + static_cast<int64_t>(gemm0_b_row(n, I, col_block)) * H;
+  }
+  TileAcc acc;
+  tile_mainloop(op, H, smem, acc);
+  bf16* st = reinterpret_cast<bf16*>(smem);
+  stage_swiglu(acc, st);
+  __syncthreads();
+  // 64 rows x 64 columns = 8 chunks per row
+  bf16* h = reinterpret_cast<bf16*>(p.h);
+  for (int c = threadIdx.x; c < Config::kBlockM * 8; c += Config::kThreads) {
+    const int m = c >> 3, chunk = c & 7;
+    if (m < b.num_rows)
+      *reinterpret_cast<int4*>(h + static_cast<int64_t>(b.row0 + m) * I + col_block * Config::kHalfN + chunk * 8) =
+          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    red_release_gpu_add_u32(p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb, 1u);
+  }
+  tl_record(p, s, t1, role, kTaskGemm0, rb, col_block);
+  return true;
+}
+
+// ---- GEMM1: out[rows, 128 cols] = h_rows W2^T; pushed to the source's combine slots (static policy) or
+// written in place over the receive rows (sequential policy, pushed later by the combine phase) ----------
+__device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
+                                           int col_block, uint16_t role, bool push_now) {
+  const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
+  const uint32_t need = static_cast<uint32_t>(I / Config::kHalfN);
+  const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
+  const uint64_t t0 = tl_now(p);
+  if (threadIdx.x == 0)
+    s.ok = spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= need; }, kErrTimeoutGemm0, rb, col_block);
+  __syncthreads();
+  if (!cta_read_ok(&s.ok)) return false;
+  tl_wait(p, s, t0, role, rb, col_block);
+  const uint64_t t1 = tl_now(p);
+
+  if (threadIdx.x < b.num_rows)
+    s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+
+  TileOperands op;
+  const bf16* h = reinterpret_cast<const bf16*>(p.h);
+  const bf16* w = reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
+    op.a_ok[i] = m < b.num_rows;
+    op.a_row[i] = h + static_cast<int64_t>(b.row0 + (op.a_ok[i] ? m : 0)) * I;
+  }
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) {
+    const int n = col_block * Config::kBlockN + ((threadIdx.x + i * Config::kThreads) >> 3);
+    op.b_ok[i] = n < H;
+    op.b_row[i] = w + static_cast<int64_t>(op.b_ok[i] ? n : 0) * I;
+  }
+  TileAcc acc;
+  tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
+  bf16* st = reinterpret_cast<bf16*>(smem);
+  stage_plain(acc, st);
+  __syncthreads();
+  const int col0 = col_block * Config::kBlockN;
+  bf16* dst_base = push_now ? sym<bf16>(p, b.src, p.off_comb) : sym<bf16>(p, p.rank, p.off_recv_x);
+  for (int c = threadIdx.x; c < Config::kBlockM * 16; c += Config::kThreads) {
+    const int m = c >> 4, chunk = c & 15, col = col0 + chunk * 8;
+    if (m < b.num_rows && col < H) {
+      const int64_t row = push_now ? s.pair[m] : b.row0 + m;
+      *reinterpret_cast<int4*>(dst_base + row * H + col) =
+          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+    }
+  }
+  __syncthreads();
+  tl_record(p, s, t1, role, kTaskGemm1, rb, col_block);
+  return true;
+}
+
+// Tell every source that this owner's combine rows have all landed.
+__device__ __forceinline__ void post_combine_flags(const Params& p) {
+  __threadfence_system();
+  for (int g = 0; g < p.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, p.off_comb_flag) + p.rank, p.epoch);
+}
+
+// ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
+__device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const RowBlock& b) {
+  const int row_chunks = p.hidden / 8;
+  if (threadIdx.x < b.num_rows)
+    s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  __syncthreads();
+  const int4* out = sym<const int4>(p, p.rank, p.off_recv_x);
+  int4* comb = sym<int4>(p, b.src, p.off_comb);
+  copy_rows(
+      b.num_rows, row_chunks, [&](int m) { return out + static_cast<int64_t>(b.row0 + m) * row_chunks; },
+      [&](int m) { return comb + static_cast<int64_t>(s.pair[m]) * row_chunks; });
+  __syncthreads();
+}
+
+// ---- weighted reduction on the source: y[t] = sum_j w[t, j] * comb[t * k + j] ---------------------------
+__device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, uint16_t role) {
+  const uint64_t t0 = tl_now(p);
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int g = 0; g < p.world && ok; ++g) {
+      const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_comb_flag) + g;
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCombine, g, 0);
+    }
+    s.ok = ok;
+  }
+  __syncthreads();
+  if (!cta_read_ok(&s.ok)) return false;
+  tl_wait(p, s, t0, role, -1, -1);
+  const uint64_t t1 = tl_now(p);
+  const int row_chunks = p.hidden / 8, k = p.top_k;
+  const int64_t total = static_cast<int64_t>(p.num_tokens) * row_chunks;
+  const int4* comb = sym<const int4>(p, p.rank, p.off_comb);
+  int4* y = reinterpret_cast<int4*>(p.y);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * Config::kThreads + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(p.num_ctas) * Config::kThreads) {
+    const int64_t t = idx / row_chunks;
+    const int c = static_cast<int>(idx % row_chunks);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < k; ++j) {
+      const float wj = __ldg(p.topk_weights + t * k + j);
+      int4 v = __ldcg(comb + (t * k + j) * row_chunks + c);
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(v2[q]);
+        acc[2 * q] += wj * f.x;
+        acc[2 * q + 1] += wj * f.y;
+      }
+    }
+    int4 o;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    y[idx] = o;
+  }
+  tl_record(p, s, t1, role, kTaskReduce, -1, -1);
+  return true;
+}
+
+}  // namespace weave

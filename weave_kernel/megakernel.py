@@ -1,0 +1,234 @@
+"""Host side of the megakernel: buffers (symmetric memory, allocated once), per-call checks, launch, errors.
+
+One object per rank and layer geometry:
+
+    layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, G),
+                          max_tokens=8192)                  # collective: every rank, same arguments
+    y = layer(x, topk_ids, topk_weights, w13, w2, policy="static:24")
+
+x [N, H] bf16, topk_ids [N, k] int32/int64 global ids, topk_weights [N, k] fp32, w13 [E_loc, 2I, H] bf16,
+w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_experts(rank)); y [N, H] bf16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .policies import parse_policy
+from .timeline import RECORD_DTYPE, records_to_events
+from .validate import check_geometry, check_layer_inputs
+
+BLOCK_M = 64                 # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
+DEFAULT_TIMEOUT_S = 2.0
+
+ERROR_TEXT = {
+    1: "topk_ids[pair {0}] = {1} is not a valid expert id",
+    2: "receive buffer overflow on rank {0}: {1} rows needed (max_tokens too small?)",
+    3: "timeout in grid barrier {0} (a CTA never arrived)",
+    4: "timeout waiting for the expert counts of rank {0} (is every rank calling the layer?)",
+    5: "timeout waiting for the rows of row block {0} from rank {1}",
+    6: "timeout waiting for GEMM0 of row block {0} (column block {1})",
+    7: "timeout waiting for the combine rows of rank {0}",
+}
+
+
+def _align(n: int, a: int = 256) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Byte offsets inside the symmetric buffer (identical on every rank) and scratch sizes."""
+
+    recv_cap_rows: int
+    max_row_blocks: int
+    off_count_flag: int
+    off_comb_flag: int
+    off_gcounts: int
+    off_blk_flag: int
+    off_recv_meta: int
+    off_comb: int
+    off_recv_x: int
+    total_bytes: int
+
+
+def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_tokens: int) -> BufferPlan:
+    """Worst case: every pair of every rank lands on one owner, plus one partial block per (expert, source)."""
+    num_local = num_experts // world
+    rows = world * max_tokens * top_k + num_local * world * (BLOCK_M - 1)
+    rows = (rows + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    blocks = rows // BLOCK_M
+    off = 0
+    layout = {}
+    for name, nbytes in (
+        ("count_flag", 8 * world),
+        ("comb_flag", 8 * world),
+        ("gcounts", 4 * 2 * world * num_experts),
+        ("blk_flag", 8 * blocks),
+        ("recv_meta", 4 * rows),
+        ("comb", 2 * max_tokens * top_k * hidden),
+        ("recv_x", 2 * rows * hidden),
+    ):
+        layout[name] = off
+        off = _align(off + nbytes)
+    return BufferPlan(rows, blocks, *(layout[n] for n in
+                      ("count_flag", "comb_flag", "gcounts", "blk_flag", "recv_meta", "comb", "recv_x")), off)
+
+
+class MoEMegakernel:
+    """The persistent cross-GPU MoE layer on one rank. Construction is collective over `group`."""
+
+    def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
+                 group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0):
+        import torch.distributed as dist
+
+        from .build import load_extension
+
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = group
+        self.world = dist.get_world_size(group) if self.distributed else 1
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus)
+        if placement.num_experts != num_experts:
+            raise ValueError(f"placement has {placement.num_experts} experts, the layer {num_experts}")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
+        self.num_local_experts = num_experts // self.world
+        self.max_tokens = max_tokens
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.ext = load_extension()
+        self.num_ctas = self.ext.max_ctas(self.device.index)
+        if self.num_ctas <= 0:
+            raise RuntimeError("the megakernel does not fit one CTA per SM on this device")
+
+        owner = np.asarray(placement.owner)
+        counts = np.bincount(owner, minlength=self.world)
+        if not np.all(counts == self.num_local_experts):
+            raise ValueError("placement must give every rank the same number of experts")
+        owner_experts = np.stack([placement.local_experts(g) for g in range(self.world)])
+        dev = self.device
+        self.expert_owner = torch.as_tensor(owner, dtype=torch.int32, device=dev)
+        self.owner_experts = torch.as_tensor(owner_experts, dtype=torch.int32, device=dev).contiguous()
+
+        self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens)
+        self._alloc_symmetric(self.plan.total_bytes)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.cta_hist = torch.empty(self.num_ctas * num_experts, **i32)
+        self.pair_slot = torch.empty(max_tokens * top_k, **i32)
+        self.sorted_pair = torch.empty(max_tokens * top_k, **i32)
+        self.h = torch.empty(self.plan.recv_cap_rows * inter, dtype=torch.bfloat16, device=dev)
+        self.g0_done = torch.zeros(2 * self.plan.max_row_blocks, **i32)
+        self.sched = torch.zeros(8, **i32)
+        self.grid_bar = torch.zeros(2, **i32)
+        self.err = torch.zeros(4, **i32)
+        self.timeline_per_cta = timeline_per_cta
+        self.timeline = torch.zeros(max(1, self.num_ctas * timeline_per_cta) * RECORD_DTYPE.itemsize,
+                                    dtype=torch.uint8, device=dev)
+        self.timeline_count = torch.zeros(self.num_ctas, **i32)
+        self.epoch = 0
+        self.broken: str | None = None
+        torch.cuda.synchronize(dev)
+        if self.distributed:
+            dist.barrier(group=group)
+
+    def _alloc_symmetric(self, nbytes: int) -> None:
+        if self.world == 1:
+            self.symm = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+            ptrs = [self.symm.data_ptr()]
+        else:
+            import torch.distributed as dist
+            import torch.distributed._symmetric_memory as symm_mem
+
+            self.symm = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self.symm.zero_()  # flags start below every epoch
+            torch.cuda.synchronize(self.device)
+            group_name = (self.group or dist.group.WORLD).group_name
+            self.symm_handle = symm_mem.rendezvous(self.symm, group_name)
+            ptrs = [int(p) for p in self.symm_handle.buffer_ptrs]
+            if ptrs[self.rank] != self.symm.data_ptr():
+                raise RuntimeError("symmetric memory: own buffer pointer does not match the handle")
+        self.peer_base = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+
+    # ---------------------------------------------------------------------------------------------------
+    def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,
+                 record_timeline: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the layer. check=True scans topk_ids and reads the error word after the launch (two host
+        syncs); benchmarks pass check=False and call `raise_if_error()` once at the end.
+        out: optional [N, H] bf16 contiguous output tensor (tests poison it first)."""
+        if self.broken:
+            raise RuntimeError(f"megakernel layer is unusable after an earlier failure: {self.broken}")
+        check_layer_inputs(x, topk_ids, topk_weights, w13, w2, hidden=self.hidden, inter=self.inter,
+                           num_experts=self.num_experts, num_local_experts=self.num_local_experts,
+                           top_k=self.top_k, max_tokens=self.max_tokens, device=self.device, check_ids=check)
+        pol = parse_policy(policy, self.num_ctas)
+        if record_timeline and self.timeline_per_cta <= 0:
+            raise ValueError("record_timeline needs the layer built with timeline_per_cta > 0")
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+        if out is None:
+            y = torch.empty(x.shape[0], self.hidden, dtype=torch.bfloat16, device=self.device)
+        else:
+            y = out
+            if y.dtype != torch.bfloat16 or tuple(y.shape) != (x.shape[0], self.hidden) or not y.is_contiguous() \
+                    or y.device != self.device:
+                raise ValueError(f"out must be a contiguous bf16 [{x.shape[0]}, {self.hidden}] tensor on {self.device}")
+        self.epoch += 1
+        params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline)
+        self.ext.launch(params, torch.cuda.current_stream(self.device).cuda_stream)
+        if check:
+            self.raise_if_error()
+        return y
+
+    def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool) -> dict:
+        pl = self.plan
+        return {
+            "x": x.data_ptr(), "topk_ids": ids.data_ptr(), "topk_weights": tw.data_ptr(),
+            "w13": w13.data_ptr(), "w2": w2.data_ptr(), "y": y.data_ptr(),
+            "expert_owner": self.expert_owner.data_ptr(), "owner_experts": self.owner_experts.data_ptr(),
+            "peer_base": self.peer_base.data_ptr(),
+            "off_count_flag": pl.off_count_flag, "off_comb_flag": pl.off_comb_flag,
+            "off_gcounts": pl.off_gcounts, "off_blk_flag": pl.off_blk_flag, "off_recv_meta": pl.off_recv_meta,
+            "off_comb": pl.off_comb, "off_recv_x": pl.off_recv_x,
+            "cta_hist": self.cta_hist.data_ptr(), "pair_slot": self.pair_slot.data_ptr(),
+            "sorted_pair": self.sorted_pair.data_ptr(), "h": self.h.data_ptr(),
+            "g0_done": self.g0_done.data_ptr(), "sched": self.sched.data_ptr(),
+            "grid_bar": self.grid_bar.data_ptr(), "err": self.err.data_ptr(),
+            "timeline": self.timeline.data_ptr() if record_timeline else 0,
+            "timeline_count": self.timeline_count.data_ptr(),
+            "rank": self.rank, "world": self.world, "num_tokens": x.shape[0], "top_k": self.top_k,
+            "hidden": self.hidden, "inter": self.inter, "num_experts": self.num_experts,
+            "num_local_experts": self.num_local_experts, "max_tokens": self.max_tokens,
+            "recv_cap_rows": pl.recv_cap_rows, "max_row_blocks": pl.max_row_blocks,
+            "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
+            "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
+        }
+
+    def poison_scratch(self) -> None:
+        """Fill receive rows, combine rows and h with NaN (tests: catches reads of rows nothing wrote this call).
+        Only between calls, after every rank synchronised (peers write into these regions during a call)."""
+        pl = self.plan
+        nan = torch.tensor(float("nan"), dtype=torch.bfloat16).view(torch.uint8)  # 2 bytes
+        for start, end in ((pl.off_comb, pl.off_recv_x), (pl.off_recv_x, pl.total_bytes)):
+            region = self.symm[start:end]
+            region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
+        self.h.fill_(float("nan"))
+
+    def raise_if_error(self) -> None:
+        """Synchronise and raise RuntimeError if the kernel flagged an error (the layer is then unusable)."""
+        err = self.err.cpu().tolist()
+        if err[0] != 0:
+            text = ERROR_TEXT.get(err[0], "unknown error {0} {1}").format(err[2], err[3])
+            self.broken = f"rank {self.rank}, CTA {err[1]}: {text}"
+            raise RuntimeError(f"weave megakernel failed on {self.broken}")
+
+    def timeline_events(self, base_ns: int | None = None) -> tuple[list[dict], int]:
+        """Chrome events of the last call that recorded a timeline; returns (events, base_ns used)."""
+        counts = self.timeline_count.cpu().numpy()
+        raw = self.timeline.cpu().numpy().view(RECORD_DTYPE).reshape(self.num_ctas, self.timeline_per_cta)
+        recs = np.concatenate([raw[b, : min(int(c), self.timeline_per_cta)] for b, c in enumerate(counts)])
+        if base_ns is None:
+            base_ns = int(recs["start_ns"].min()) if recs.size else 0
+        return records_to_events(recs, self.rank, base_ns), base_ns

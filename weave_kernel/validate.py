@@ -1,0 +1,56 @@
+"""Input checks for the megakernel, runnable without a GPU. Every failure names the argument and the fix."""
+from __future__ import annotations
+
+import torch
+
+DIM_ALIGN = 64        # H and I must be multiples of this (one GEMM0 tile owns 64 h columns; K steps of 64)
+MAX_EXPERTS = 512     # shared-memory layout tables in the kernel
+MAX_RANKS = 8
+
+
+def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world: int, placement_gpus: int) -> None:
+    """Raise ValueError when the layer geometry is outside what the kernel supports."""
+    if hidden <= 0 or inter <= 0 or hidden % DIM_ALIGN or inter % DIM_ALIGN:
+        raise ValueError(f"hidden ({hidden}) and expert_ffn ({inter}) must be positive multiples of {DIM_ALIGN}")
+    if placement_gpus != world:
+        raise ValueError(f"placement is for {placement_gpus} GPUs but the process group has {world} ranks")
+    if not 1 <= world <= MAX_RANKS:
+        raise ValueError(f"world size {world} outside [1, {MAX_RANKS}]")
+    if num_experts > MAX_EXPERTS or num_experts % world:
+        raise ValueError(f"num_experts {num_experts} must be <= {MAX_EXPERTS} and a multiple of the world size {world}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
+
+
+def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name} is on {t.device}, the layer runs on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+
+
+def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter: int, num_experts: int,
+                       num_local_experts: int, top_k: int, max_tokens: int, device=None,
+                       check_ids: bool = True) -> None:
+    """Check one call's tensors against the layer. check_ids scans topk_ids (one host sync)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D tensor [num_tokens, {hidden}]")
+    n = x.shape[0]
+    if n > max_tokens:
+        raise ValueError(f"{n} tokens exceed the {max_tokens} the buffers were sized for (max_tokens)")
+    _tensor("x", x, (torch.bfloat16,), (n, hidden), device)
+    _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (n, top_k), device)
+    _tensor("topk_weights", topk_weights, (torch.float32,), (n, top_k), device)
+    _tensor("w13", w13, (torch.bfloat16,), (num_local_experts, 2 * inter, hidden), device)
+    _tensor("w2", w2, (torch.bfloat16,), (num_local_experts, hidden, inter), device)
+    if check_ids and n:
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= num_experts:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {num_experts})")
