@@ -1,0 +1,256 @@
+"""Seeded synthetic routing for any geometry (experts, top-k, layers, tokens).
+
+Each generator turns its parameters into per-layer expert weights and draws every token's top-k by
+successive sampling without replacement (`sampling.sample_topk`); `drifting` then relabels experts over
+time and `fitted` adds token-to-token reuse. A generator is one function and one `GENERATORS` line:
+
+    fn(rng, num_experts, top_k, num_layers, num_tokens, **params) -> (topk_ids [T, L, k] int64, params)
+
+where the returned params are the resolved values (JSON-able), recorded in the trace's metadata.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from weave_sim.traces import sampling
+from weave_sim.traces.format import RoutingTrace, TraceError, load_trace
+from weave_sim.traces.sticky import fresh_inclusion, keep_prob_for_reuse, sample_sticky
+from weave_sim.traces.stats import expert_loads, token_reuse, zipf_exponent
+
+#: Default skew when a generator is given neither an exponent nor a target: expected max/mean expert
+#: load per layer at large token counts. The real GPT-OSS-20B trace averages 2.45 (2.0-3.6 by layer).
+DEFAULT_IMBALANCE = 2.0
+
+
+def _per_layer(value, num_layers: int, name: str) -> np.ndarray:
+    """A scalar or a `[num_layers]` sequence as float64 `[num_layers]`."""
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 0:
+        return np.full(num_layers, float(arr))
+    if arr.shape != (num_layers,):
+        raise ValueError(f"{name} must be a scalar or have one value per layer ({num_layers}), got {arr.shape}")
+    return arr
+
+
+def resample_layers(values, num_layers: int) -> np.ndarray:
+    """Stretch a per-layer profile `[L_src]` to `[num_layers]` by linear interpolation over relative depth."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size == 1:
+        return np.full(num_layers, values[0])
+    return np.interp(np.linspace(0.0, 1.0, num_layers), np.linspace(0.0, 1.0, values.size), values)
+
+
+def _permute_experts(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
+    """Shuffle expert ids independently per layer, so that the hot experts differ across layers."""
+    return rng.permuted(weights, axis=1)
+
+
+def _zipf_exponents(num_experts, top_k, num_layers, s, imbalance) -> np.ndarray:
+    if s is not None and imbalance is not None:
+        raise ValueError("give either s (Zipf exponent) or imbalance (target max/mean load), not both")
+    if s is not None:
+        exponents = _per_layer(s, num_layers, "s")
+        if np.any(exponents < 0):
+            raise ValueError(f"Zipf exponent s must be >= 0, got {exponents.min()}")
+        return exponents
+    target = _per_layer(DEFAULT_IMBALANCE if imbalance is None else imbalance, num_layers, "imbalance")
+    return sampling.zipf_exponent_for_imbalance(num_experts, top_k, target)
+
+
+def uniform(rng, num_experts, top_k, num_layers, num_tokens):
+    """Every expert equally likely: the balanced baseline."""
+    weights = np.ones((num_layers, num_experts))
+    return sampling.sample_topk(rng, weights, num_tokens, top_k), {}
+
+
+def zipf(rng, num_experts, top_k, num_layers, num_tokens, *, s=None, imbalance=None):
+    """Expert popularity w_r proportional to (r + 1) ** -s by rank, ranks shuffled per layer.
+
+    s: Zipf exponent (scalar or per layer), or imbalance: target expected max/mean load (scalar or per
+    layer) from which s is solved for this geometry; neither means imbalance = DEFAULT_IMBALANCE.
+    """
+    exponents = _zipf_exponents(num_experts, top_k, num_layers, s, imbalance)
+    weights = _permute_experts(rng, sampling.zipf_weights(num_experts, exponents))
+    return sampling.sample_topk(rng, weights, num_tokens, top_k), {"s": exponents.round(6).tolist()}
+
+
+def dirichlet(rng, num_experts, top_k, num_layers, num_tokens, *, alpha=4.0):
+    """Per-layer expert popularity drawn from a symmetric Dirichlet(alpha); small alpha = more skew.
+
+    alpha: concentration, scalar or per layer, > 0 (alpha 4 gives max/mean about 2 for 256 experts top-8).
+    """
+    concentration = _per_layer(alpha, num_layers, "alpha")
+    if np.any(concentration <= 0):
+        raise ValueError(f"Dirichlet alpha must be > 0, got {concentration.min()}")
+    # Gamma draws normalised per row are Dirichlet; a floor keeps tiny alphas from making zero rows.
+    weights = rng.gamma(concentration[:, None], size=(num_layers, num_experts)) + 1e-300
+    return sampling.sample_topk(rng, weights, num_tokens, top_k), {"alpha": concentration.tolist()}
+
+
+def drifting(rng, num_experts, top_k, num_layers, num_tokens, *, s=None, imbalance=None,
+             drift_experts_per_1k_tokens=None, layer_shift_experts=None):
+    """Hot experts that move: a Zipf popularity laid out on consecutive expert ids (hottest first), whose
+    block rotates by `drift_experts_per_1k_tokens` ids per 1000 tokens and by `layer_shift_experts` ids
+    per layer. With contiguous placement the hot GPU changes along the batch and across layers.
+
+    Defaults: drift E/64 ids per 1000 tokens (an eighth of the ids over 8192 tokens), layer shift E/8
+    ids; skew as for `zipf`.
+    """
+    exponents = _zipf_exponents(num_experts, top_k, num_layers, s, imbalance)
+    drift = num_experts / 64 if drift_experts_per_1k_tokens is None else float(drift_experts_per_1k_tokens)
+    layer_shift = num_experts / 8 if layer_shift_experts is None else float(layer_shift_experts)
+    ranks = sampling.sample_topk(rng, sampling.zipf_weights(num_experts, exponents), num_tokens, top_k)
+    offset = (np.arange(num_tokens)[:, None] * drift / 1000.0 + np.arange(num_layers)[None, :] * layer_shift)
+    # The same integer rotation for every slot of a token keeps its k experts distinct.
+    ids = (ranks + np.floor(offset).astype(np.int64)[:, :, None]) % num_experts
+    return ids, {"s": exponents.round(6).tolist(), "drift_experts_per_1k_tokens": drift,
+                 "layer_shift_experts": layer_shift}
+
+
+def _profile_inclusion(rng, counts: np.ndarray, num_experts: int, top_k: int) -> np.ndarray:
+    """Per-expert inclusion probabilities `[P, num_experts]` from counts `[P, E_src]`.
+
+    Same expert count: the counts as they are. Otherwise the sorted load curve (load / mean against rank
+    quantile) is resampled to num_experts ranks and the ranks shuffled per layer.
+    """
+    relative = counts / counts.mean(axis=1, keepdims=True)
+    if counts.shape[1] != num_experts:
+        ordered = -np.sort(-relative, axis=1)
+        src_q = (np.arange(counts.shape[1]) + 0.5) / counts.shape[1]
+        dst_q = (np.arange(num_experts) + 0.5) / num_experts
+        relative = np.stack([np.interp(dst_q, src_q, row) for row in ordered])
+        relative = _permute_experts(rng, relative / relative.mean(axis=1, keepdims=True))
+    return np.clip(relative * top_k / num_experts, 0.0, 1.0)
+
+
+def load_profile(rng, num_experts, top_k, num_layers, num_tokens, *, profile="olmoe-1b-7b", domain="all",
+                 counts=None, profile_layer_idx=None, profile_num_layers=None):
+    """Popularity taken from measured per-expert counts (the OLMoE / Mixtral profiles by default).
+
+    profile: "olmoe-1b-7b" or "mixtral-8x7b" (see `load_expert_load_profiles`); domain: one of its
+    domains or "all" (summed). Or counts: explicit `[P, E_src]` counts, with profile_layer_idx (`[P]`
+    model layers they describe) and profile_num_layers. Each generated layer uses the profile row of the
+    nearest relative depth; weights are chosen so that each expert's inclusion probability matches its
+    share of the counts.
+    """
+    if counts is None:
+        from weave_sim.traces.shipped import load_expert_load_profiles
+
+        profiles = load_expert_load_profiles()
+        if profile not in profiles:
+            raise ValueError(f"unknown load profile {profile!r}; known: {', '.join(profiles)}")
+        prof = profiles[profile]
+        if domain != "all" and domain not in prof.counts:
+            raise ValueError(f"unknown domain {domain!r} for {profile}; known: all, {', '.join(prof.domains)}")
+        table = prof.total_counts() if domain == "all" else prof.counts[domain]
+        profile_layer_idx, profile_num_layers = prof.layer_idx, prof.num_model_layers
+    else:
+        table = np.asarray(counts, dtype=np.float64)
+        if table.ndim == 1:
+            table = table[None, :]
+        profile, domain = "explicit", None
+        profile_layer_idx = range(table.shape[0]) if profile_layer_idx is None else profile_layer_idx
+        profile_num_layers = table.shape[0] if profile_num_layers is None else profile_num_layers
+    table = np.asarray(table, dtype=np.float64)
+    if np.any(table < 0) or np.any(table.sum(axis=1) <= 0):
+        raise ValueError("profile counts must be non-negative with a positive total per layer")
+    src_depth = np.asarray(profile_layer_idx, dtype=np.float64) / max(profile_num_layers - 1, 1)
+    dst_depth = np.arange(num_layers) / max(num_layers - 1, 1)
+    rows = np.abs(dst_depth[:, None] - src_depth[None, :]).argmin(axis=1)
+    inclusion = _profile_inclusion(rng, table, num_experts, top_k)[rows]
+    weights = sampling.weights_for_inclusion(inclusion)
+    return sampling.sample_topk(rng, weights, num_tokens, top_k), {
+        "profile": profile, "domain": domain, "profile_rows": rows.tolist()}
+
+
+def fit_params(trace: RoutingTrace, num_experts: int | None = None) -> dict:
+    """The statistics `fitted` reproduces, measured on a trace: per-layer `imbalance` (max/mean load),
+    `zipf_s` and `reuse` (fraction of top-k shared with the previous token of the same request)."""
+    from weave_sim.traces.format import resolve_model
+
+    if num_experts is None:
+        num_experts = resolve_model(trace.model).num_experts if trace.model else int(trace.topk_ids.max()) + 1
+    loads = expert_loads(trace.topk_ids, num_experts)
+    return {"imbalance": (loads.max(axis=1) / loads.mean(axis=1)).tolist(),
+            "zipf_s": zipf_exponent(loads).tolist(),
+            "reuse": np.nan_to_num(token_reuse(trace.topk_ids, trace.request_id)).tolist()}
+
+
+def fitted(rng, num_experts, top_k, num_layers, num_tokens, *, source=None, imbalance=None, reuse=None,
+           zipf_s=None, match="imbalance"):
+    """Routing with a real trace's per-layer skew and token-to-token reuse, for any geometry.
+
+    source: a RoutingTrace or a trace path to measure (default: the shipped GPT-OSS-20B subset), or
+    the statistics directly: imbalance / zipf_s / reuse, each a scalar or per-layer list (any length;
+    stretched over relative depth to num_layers). match: "imbalance" solves each layer's Zipf exponent
+    so that its expected max/mean load equals the source's (transfers across expert counts); "zipf" uses
+    the source's fitted exponents as they are. Reuse is reproduced by keeping each slot's expert from
+    the previous token with a probability solved from the mean-field model in `sticky`.
+    """
+    if imbalance is None or reuse is None or (match == "zipf" and zipf_s is None):
+        if source is None:
+            from weave_sim.traces.shipped import default_trace
+
+            source = default_trace()
+        elif not isinstance(source, RoutingTrace):
+            source = load_trace(source)
+        measured = fit_params(source)
+        imbalance = measured["imbalance"] if imbalance is None else imbalance
+        reuse = measured["reuse"] if reuse is None else reuse
+        zipf_s = measured["zipf_s"] if zipf_s is None else zipf_s
+    if match == "imbalance":
+        # The ceiling E/k (all load on k experts) cannot be reached; stay 5% below it.
+        target = np.clip(resample_layers(imbalance, num_layers), 1.0, max(1.0, 0.95 * num_experts / top_k))
+        exponents = sampling.zipf_exponent_for_imbalance(num_experts, top_k, target)
+    elif match == "zipf":
+        exponents = resample_layers(zipf_s, num_layers)
+    else:
+        raise ValueError(f"match must be 'imbalance' or 'zipf', got {match!r}")
+    inclusion = sampling.inclusion_probabilities(
+        _permute_experts(rng, sampling.zipf_weights(num_experts, exponents)), top_k)
+    target_reuse = np.clip(resample_layers(reuse, num_layers), 0.0, 0.99)
+    keep_prob = keep_prob_for_reuse(inclusion, target_reuse, top_k)
+    # Fresh draws avoid kept experts, which are mostly hot ones; aim them at the inclusion that keeps
+    # the overall marginal at `inclusion` (see sticky.fresh_inclusion).
+    weights = sampling.weights_for_inclusion(fresh_inclusion(inclusion, keep_prob))
+    ids = sample_sticky(rng, weights, num_tokens, top_k, keep_prob)
+    return ids, {"match": match, "s": exponents.round(6).tolist(), "reuse": target_reuse.round(6).tolist(),
+                 "keep_prob": keep_prob.round(6).tolist()}
+
+
+#: Generator name -> function; add a generator with one function and one line here.
+GENERATORS = {
+    "uniform": uniform,
+    "zipf": zipf,
+    "dirichlet": dirichlet,
+    "drifting": drifting,
+    "load_profile": load_profile,
+    "fitted": fitted,
+}
+
+
+def generate(kind: str, *, num_experts: int, top_k: int, num_layers: int, num_tokens: int, seed: int,
+             **params) -> RoutingTrace:
+    """Synthetic routing of `num_tokens` tokens: a RoutingTrace with topk_ids int64
+    `[num_tokens, num_layers, top_k]` (distinct experts per token and layer), no probabilities and no
+    request ids (one stream). Same (kind, geometry, seed, params) gives the same ids. metadata records
+    generator, seed and the resolved params; model is None (set it with `with_metadata(model=...)`).
+    """
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..num_experts ({num_experts}), got {top_k}")
+    if num_layers < 1 or num_tokens < 1:
+        raise ValueError(f"num_layers and num_tokens must be >= 1, got {num_layers}, {num_tokens}")
+    rng = np.random.default_rng(seed)
+    try:
+        ids, resolved = GENERATORS[kind](rng, num_experts, top_k, num_layers, num_tokens, **params)
+    except TypeError as exc:
+        if "unexpected keyword" in str(exc):
+            raise ValueError(f"generator {kind!r}: {exc}") from None
+        raise
+    meta = {"generator": kind, "seed": seed, "params": resolved, "source": "synthetic"}
+    return RoutingTrace(ids, metadata=meta)
+
+
+
