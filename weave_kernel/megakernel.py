@@ -20,7 +20,7 @@ from .policies import parse_policy
 from .timeline import RECORD_DTYPE, records_to_events
 from .validate import check_geometry, check_layer_inputs
 
-BLOCK_M = 64                 # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
+BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 DEFAULT_TIMEOUT_S = 2.0
 
 ERROR_TEXT = {
@@ -210,7 +210,7 @@ class MoEMegakernel:
         """Fill receive rows, combine rows and h with NaN (tests: catches reads of rows nothing wrote this call).
         Only between calls, after every rank synchronised (peers write into these regions during a call)."""
         pl = self.plan
-        nan = torch.tensor(float("nan"), dtype=torch.bfloat16).view(torch.uint8)  # 2 bytes
+        nan = torch.full((1,), float("nan"), dtype=torch.bfloat16).view(torch.uint8)  # 2 bytes
         for start, end in ((pl.off_comb, pl.off_recv_x), (pl.off_recv_x, pl.total_bytes)):
             region = self.symm[start:end]
             region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))

@@ -109,8 +109,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_ctas", &weave_moe_max_ctas, py::arg("device"));
   m.def("timeline_layout", &timeline_layout);
   m.def("static_smem_bytes", &weave_static_smem_bytes);
-  m.attr("block_m") = 64;
-  m.attr("block_n") = 128;
+  m.attr("block_m") = 128;
+  m.attr("block_n") = 256;
   m.attr("dim_align") = 64;
   m.attr("max_experts") = 512;
   m.attr("max_ranks") = 8;

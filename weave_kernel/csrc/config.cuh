@@ -10,17 +10,17 @@ namespace weave {
 struct Config {
   static constexpr int kThreads = 256;                 // one CTA per SM, 8 warps
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kBlockM = 64;                   // rows per GEMM tile == rows per dispatch block
-  static constexpr int kBlockN = 128;                  // output columns per tile (GEMM0: 64 gate + 64 up)
+  static constexpr int kBlockM = 128;                  // rows per GEMM tile == rows per dispatch block
+  static constexpr int kBlockN = 256;                  // output columns per tile (GEMM0: 128 gate + 128 up)
   static constexpr int kBlockK = 64;                   // 128 bytes of bf16: one swizzle row
-  static constexpr int kStages = 4;                    // cp.async pipeline depth
+  static constexpr int kStages = 3;                    // cp.async pipeline depth (3 x 48 KB)
   static constexpr int kHalfN = kBlockN / 2;           // h columns per GEMM0 tile
   static constexpr int kWarpsM = 2, kWarpsN = 4;       // warp grid over the tile
-  static constexpr int kWarpTileM = kBlockM / kWarpsM; // 32
-  static constexpr int kWarpTileN = kBlockN / kWarpsN; // 32
+  static constexpr int kWarpTileM = kBlockM / kWarpsM; // 64
+  static constexpr int kWarpTileN = kBlockN / kWarpsN; // 64
   static constexpr int kFragsM = kWarpTileM / 16;      // m16 fragments per warp
   static constexpr int kFragsN = kWarpTileN / 8;       // n8 fragments per warp
-  static constexpr int kDimAlign = 64;                 // H and I must be multiples of this
+  static constexpr int kDimAlign = 64;                 // H and I must be multiples of this (K steps; 16-byte rows)
   static constexpr int kMaxExperts = 512;
   static constexpr int kMaxRanks = 8;
   static constexpr int kSmemA = kBlockM * kBlockK * 2;
@@ -32,12 +32,13 @@ struct Config {
 
   static_assert(kWarpsM * kWarpsN == kWarps, "warp grid must cover the CTA");
   static_assert(kBlockK * 2 == 128, "swizzle assumes 128-byte smem rows (8 chunks of 16 bytes)");
-  static_assert(kFragsN == 4, "GEMM0 epilogue pairs n-frags {0,1} (gate) with {2,3} (up)");
-  static_assert(kFragsM == 2, "warp tile is 32 rows");
+  static_assert(kFragsN == 8, "GEMM0 epilogue pairs n-frags {0..3} (gate) with {4..7} (up)");
+  static_assert(kFragsM == 4, "warp tile is 64 rows");
+  static_assert(kBlockM <= kThreads, "one thread per row loads the pair ids of a block");
   static_assert((kBlockM * kBlockK / 8) % kThreads == 0, "A stage must split evenly into 16-byte chunks");
   static_assert((kBlockN * kBlockK / 8) % kThreads == 0, "B stage must split evenly into 16-byte chunks");
   static_assert(kBlockM * kEpiStride * 2 <= kSmemPipe, "epilogue staging must fit in the pipeline smem");
-  static_assert(kHalfN == kDimAlign, "a GEMM0 tile owns 64 h columns; I % 64 == 0 makes tiles exact");
+  static_assert(kHalfN % 8 == 0 && kDimAlign % 8 == 0, "h columns are predicated in 16-byte chunks");
   static_assert(kDimAlign % kBlockK == 0, "K loops assume K % kBlockK == 0");
   static_assert(kMaxRanks * kMaxExperts <= 8 * kThreads * 16, "block scan handles at most 16 items/thread");
 };

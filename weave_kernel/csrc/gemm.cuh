@@ -47,14 +47,26 @@ struct TileAcc {
   float c[C::kFragsM][C::kFragsN][4];
 };
 
-// Rows of A and B that this thread copies every stage, resolved once per tile.
+// Rows of A and B that this thread copies every stage, resolved once per tile: 32-bit element offsets from
+// two base pointers (an operand never spans more than 2^31 elements) plus a valid bit per row, to keep the
+// 128 accumulators and the fragments in registers.
 struct TileOperands {
-  static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / C::kThreads;  // 2
-  static constexpr int kBChunks = C::kBlockN * C::kBlockK / 8 / C::kThreads;  // 4
-  const bf16* a_row[kAChunks];
-  const bf16* b_row[kBChunks];
-  bool a_ok[kAChunks];
-  bool b_ok[kBChunks];
+  static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / C::kThreads;  // 4
+  static constexpr int kBChunks = C::kBlockN * C::kBlockK / 8 / C::kThreads;  // 8
+  static_assert(kAChunks + kBChunks <= 32, "valid bits live in one word");
+  const bf16* a_base;
+  const bf16* b_base;
+  int32_t a_off[kAChunks];
+  int32_t b_off[kBChunks];
+  uint32_t valid;  // bit i: A chunk i; bit kAChunks + i: B chunk i
+  __device__ __forceinline__ void set_a(int i, bool ok, int32_t off) {
+    a_off[i] = ok ? off : 0;
+    valid |= ok ? 1u << i : 0u;
+  }
+  __device__ __forceinline__ void set_b(int i, bool ok, int32_t off) {
+    b_off[i] = ok ? off : 0;
+    valid |= ok ? 1u << (kAChunks + i) : 0u;
+  }
 };
 
 __device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem, int stage, int k0) {
@@ -64,15 +76,17 @@ __device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int c = threadIdx.x + i * C::kThreads;
     const int row = c >> 3, chunk = c & 7;
-    const bf16* src = op.a_ok[i] ? op.a_row[i] + k0 + chunk * 8 : op.a_row[i];
-    cp_async_16(smem_u32(sa + swz(row, chunk)), src, op.a_ok[i]);
+    const bool ok = (op.valid >> i) & 1u;
+    const bf16* src = op.a_base + op.a_off[i] + (ok ? k0 + chunk * 8 : 0);
+    cp_async_16(smem_u32(sa + swz(row, chunk)), src, ok);
   }
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) {
     const int c = threadIdx.x + i * C::kThreads;
     const int row = c >> 3, chunk = c & 7;
-    const bf16* src = op.b_ok[i] ? op.b_row[i] + k0 + chunk * 8 : op.b_row[i];
-    cp_async_16(smem_u32(sb + swz(row, chunk)), src, op.b_ok[i]);
+    const bool ok = (op.valid >> (TileOperands::kAChunks + i)) & 1u;
+    const bf16* src = op.b_base + op.b_off[i] + (ok ? k0 + chunk * 8 : 0);
+    cp_async_16(smem_u32(sb + swz(row, chunk)), src, ok);
   }
 }
 
@@ -138,31 +152,34 @@ __device__ __forceinline__ int acc_col(int j, int q) {
   return (warp % C::kWarpsN) * C::kWarpTileN + j * 8 + ((lane & 3) << 1) + (q & 1);
 }
 
-// GEMM0 B-row interleave: smem B row n holds w13 row gate_or_up * I + h_col so that every warp holds the
-// gate and up values of the same h column in its n-frags {0,1} and {2,3}: SwiGLU stays in registers.
-__device__ __forceinline__ int gemm0_b_row(int n, int inter, int col_block) {
+// GEMM0 B-row interleave: smem B row n holds w13 row gate_or_up * I + h column, so that every warp holds the
+// gate and up values of the same h column in its n-frags {0..3} and {4..7}: SwiGLU stays in registers.
+// Returns the h column (in [0, I) when valid); the w13 row is h_col + (up ? I : 0).
+__device__ __forceinline__ int gemm0_h_col(int n, int col_block, bool* up) {
+  constexpr int kHalfFrags = C::kFragsN / 2;
   const int warp_n = n / C::kWarpTileN;
   const int frag = (n % C::kWarpTileN) / 8;
-  const int h_col = warp_n * 16 + (frag & 1) * 8 + (n % 8);
-  return (frag >= 2 ? inter : 0) + col_block * C::kHalfN + h_col;
+  *up = frag >= kHalfFrags;
+  return col_block * C::kHalfN + warp_n * (C::kWarpTileN / 2) + (frag % kHalfFrags) * 8 + (n % 8);
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
-// Stage SwiGLU(acc) as bf16 [BM][64] into smem (row stride kEpiStride).
+// Stage SwiGLU(acc) as bf16 [BM][kHalfN] into smem (row stride kEpiStride).
 __device__ __forceinline__ void stage_swiglu(const TileAcc& acc, bf16* s_out) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  constexpr int kHalfFrags = C::kFragsN / 2;
 #pragma unroll
   for (int i = 0; i < C::kFragsM; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < kHalfFrags; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = wm * C::kWarpTileM + i * 16 + (lane >> 2) + half * 8;
-        const int col = wn * 16 + j * 8 + ((lane & 3) << 1);
+        const int col = wn * (C::kWarpTileN / 2) + j * 8 + ((lane & 3) << 1);
         const float g0 = acc.c[i][j][half * 2], g1 = acc.c[i][j][half * 2 + 1];
-        const float u0 = acc.c[i][j + 2][half * 2], u1 = acc.c[i][j + 2][half * 2 + 1];
+        const float u0 = acc.c[i][j + kHalfFrags][half * 2], u1 = acc.c[i][j + kHalfFrags][half * 2 + 1];
         *reinterpret_cast<__nv_bfloat162*>(s_out + row * C::kEpiStride + col) =
             __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
       }

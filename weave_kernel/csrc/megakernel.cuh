@@ -113,7 +113,7 @@ __device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) 
 // i - L; S(i) = n0 * min(i, NB) + n1 * clamp(i - L, 0, NB) is the first ticket of segment i.
 __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
   const int NB = lv.num_compute_blocks();
-  const int n0 = p.inter / Config::kHalfN, n1 = ceil_div(p.hidden, Config::kBlockN);
+  const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
   const int num_compute = p.num_ctas - p.num_comm_ctas;
   const int L = max(1, ceil_div(num_compute, n0));
   const int total = NB * (n0 + n1);
@@ -147,7 +147,7 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
 __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
   const int par = static_cast<int>(p.epoch & 1);
   const int ND = lv.num_dispatch_blocks(), NB = lv.num_compute_blocks();
-  const int n0 = p.inter / Config::kHalfN, n1 = ceil_div(p.hidden, Config::kBlockN);
+  const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
   for (int i = blockIdx.x; i < ND; i += p.num_ctas) {
     const uint64_t t0 = tl_now(p);
     const RowBlock b = lv.dispatch_block(i);

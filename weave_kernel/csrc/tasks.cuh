@@ -86,7 +86,7 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   }
 }
 
-// ---- GEMM0: h[rows, 64 cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
+// ---- GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
 __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
                                            int col_block, uint16_t role) {
   const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
@@ -98,31 +98,33 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
   const uint64_t t1 = tl_now(p);
 
   TileOperands op;
-  const bf16* recv = sym<const bf16>(p, p.rank, p.off_recv_x);
-  const bf16* w = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
+  op.valid = 0;
+  op.a_base = sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0) * H;
+  op.b_base = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
 #pragma unroll
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.a_ok[i] = m < b.num_rows;
-    op.a_row[i] = recv + static_cast<int64_t>(b.row0 + (op.a_ok[i] ? m : 0)) * H;
+    op.set_a(i, m < b.num_rows, m * H);
   }
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) {
     const int n = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.b_ok[i] = true;
-    op.b_row[i] = w + static_cast<int64_t>(gemm0_b_row(n, I, col_block)) * H;
+    bool up;
+    const int h_col = gemm0_h_col(n, col_block, &up);
+    op.set_b(i, h_col < I, (h_col + (up ? I : 0)) * H);  // gpt-oss: I = 2880 is not a multiple of kHalfN
   }
   TileAcc acc;
   tile_mainloop(op, H, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_swiglu(acc, st);
   __syncthreads();
-  // 64 rows x 64 columns = 8 chunks per row
+  // kBlockM rows x kHalfN columns, 16-byte chunks; columns past I are not stored
+  constexpr int kChunks = Config::kHalfN / 8;
   bf16* h = reinterpret_cast<bf16*>(p.h);
-  for (int c = threadIdx.x; c < Config::kBlockM * 8; c += Config::kThreads) {
-    const int m = c >> 3, chunk = c & 7;
-    if (m < b.num_rows)
-      *reinterpret_cast<int4*>(h + static_cast<int64_t>(b.row0 + m) * I + col_block * Config::kHalfN + chunk * 8) =
+  for (int c = threadIdx.x; c < Config::kBlockM * kChunks; c += Config::kThreads) {
+    const int m = c / kChunks, chunk = c % kChunks, col = col_block * Config::kHalfN + chunk * 8;
+    if (m < b.num_rows && col < I)
+      *reinterpret_cast<int4*>(h + static_cast<int64_t>(b.row0 + m) * I + col) =
           *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
   }
   __syncthreads();
@@ -134,12 +136,12 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
   return true;
 }
 
-// ---- GEMM1: out[rows, 128 cols] = h_rows W2^T; pushed to the source's combine slots (static policy) or
+// ---- GEMM1: out[rows, kBlockN cols] = h_rows W2^T; pushed to the source's combine slots (static policy) or
 // written in place over the receive rows (sequential policy, pushed later by the combine phase) ----------
 __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
                                            int col_block, uint16_t role, bool push_now) {
   const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
-  const uint32_t need = static_cast<uint32_t>(I / Config::kHalfN);
+  const uint32_t need = static_cast<uint32_t>(ceil_div(I, Config::kHalfN));
   const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
   const uint64_t t0 = tl_now(p);
   if (threadIdx.x == 0)
@@ -153,19 +155,18 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
     s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
 
   TileOperands op;
-  const bf16* h = reinterpret_cast<const bf16*>(p.h);
-  const bf16* w = reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I;
+  op.valid = 0;
+  op.a_base = reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I;
+  op.b_base = reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I;
 #pragma unroll
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.a_ok[i] = m < b.num_rows;
-    op.a_row[i] = h + static_cast<int64_t>(b.row0 + (op.a_ok[i] ? m : 0)) * I;
+    op.set_a(i, m < b.num_rows, m * I);
   }
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) {
     const int n = col_block * Config::kBlockN + ((threadIdx.x + i * Config::kThreads) >> 3);
-    op.b_ok[i] = n < H;
-    op.b_row[i] = w + static_cast<int64_t>(op.b_ok[i] ? n : 0) * I;
+    op.set_b(i, n < H, n * I);
   }
   TileAcc acc;
   tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
@@ -174,8 +175,9 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
   __syncthreads();
   const int col0 = col_block * Config::kBlockN;
   bf16* dst_base = push_now ? sym<bf16>(p, b.src, p.off_comb) : sym<bf16>(p, p.rank, p.off_recv_x);
-  for (int c = threadIdx.x; c < Config::kBlockM * 16; c += Config::kThreads) {
-    const int m = c >> 4, chunk = c & 15, col = col0 + chunk * 8;
+  constexpr int kChunks = Config::kBlockN / 8;
+  for (int c = threadIdx.x; c < Config::kBlockM * kChunks; c += Config::kThreads) {
+    const int m = c / kChunks, chunk = c % kChunks, col = col0 + chunk * 8;
     if (m < b.num_rows && col < H) {
       const int64_t row = push_now ? s.pair[m] : b.row0 + m;
       *reinterpret_cast<int4*>(dst_base + row * H + col) =

@@ -1,0 +1,35 @@
+#!/bin/bash
+# One device-machine session: build once, GPU correctness (2 ranks and 1 rank), GEMM probe, benchmark.
+# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,probe,bench,sanitize)
+# Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS.
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weave_ext} MAX_JOBS=16 PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=4
+STAGES=${1:-build,test2,test1,probe,bench}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+if has build; then
+  /usr/bin/time -f "build %e s" python3 -c "from weave_kernel.build import load_extension; load_extension(False)" 2>&1 | tail -3 | tee $OUT/build.log || exit 1
+fi
+if has test2; then
+  timeout 400 torchrun --nproc_per_node=2 tests/kernel/gpu_worker.py --trace-dir $OUT > $OUT/test2.log 2>&1; echo "test2 rc $?"
+  grep -E "PASS|FAIL|SUMMARY|Error|error" $OUT/test2.log | cut -c1-200 | tail -45
+fi
+if has test1; then
+  timeout 200 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/test1.log 2>&1; echo "test1 rc $?"
+  grep -E "FAIL|SUMMARY|Error" $OUT/test1.log | cut -c1-200 | tail -8
+fi
+if has probe; then
+  timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --target-processes all torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/sanitize_$tool.log 2>&1
+    echo "sanitize $tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY" $OUT/sanitize_$tool.log | tail -3
+  done
+fi
+if has bench; then
+  timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 -m weave_kernel.bench --out $OUT/kernel_bench.json $BENCH_ARGS > $OUT/bench.log 2>&1; echo "bench rc $?"
+  tail -22 $OUT/bench.log
+fi
