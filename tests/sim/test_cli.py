@@ -1,0 +1,52 @@
+"""The CLI end to end on small inputs (every command writes JSON with its resolved configuration)."""
+import json
+
+import numpy as np
+import pytest
+
+from weave_sim.cli import main
+from weave_sim.traces import RoutingTrace, save_trace
+
+
+def test_models(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v3" in out and "mixtral-8x7b" in out
+
+
+def test_costmodel_writes_choice_and_config(tmp_path, capsys):
+    rc = main(["costmodel", "--model", "qwen3-30b-a3b", "--gpus", "2", "--tokens", "256", "--synthetic", "uniform",
+               "--layers", "0,3", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "costmodel.json").read_text())
+    assert data["config"]["model_preset"]["name"] == "qwen3-30b-a3b"
+    assert data["config"]["layer_ids"] == [0, 3]
+    assert len(data["results"]["comm_sms"]) == 2 and all(1 <= c < 132 for c in data["results"]["comm_sms"][0])
+    assert "bound" in capsys.readouterr().out
+
+
+def test_foreign_trace_simulates(tmp_path):
+    """A file written by someone else in the documented format (np.savez, int16 ids, extra keys)."""
+    rng = np.random.default_rng(5)
+    ids = np.argsort(rng.random((300, 16, 64)), axis=2)[:, :, :8].astype(np.int16)
+    path = tmp_path / "theirs.npz"
+    np.savez(path, topk_ids=ids, metadata=json.dumps({"model": "olmoe-1b-7b", "source": "test"}), junk=np.arange(3))
+    assert main(["simulate", "--trace", str(path), "--gpus", "2", "--tokens", "128", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "simulate.json").read_text())
+    assert data["config"]["model_preset"]["name"] == "olmoe-1b-7b"
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(tmp_path / "missing.npz"), "--out", str(tmp_path)]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["costmodel", "--model", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["costmodel", "--model", "mixtral-8x7b", "--gpus", "3", "--synthetic", "uniform", "--out", str(tmp_path)]) == 2
+    assert "evenly" in capsys.readouterr().err
+
+
+def test_trace_model_mismatch(tmp_path, capsys):
+    ids = np.tile(np.arange(2), (10, 32, 1))
+    path = save_trace(tmp_path / "t.npz", RoutingTrace(topk_ids=ids, metadata={"model": "mixtral-8x7b"}))
+    assert main(["costmodel", "--trace", str(path), "--model", "gpt-oss-20b", "--out", str(tmp_path)]) == 2
+    assert "mixtral" in capsys.readouterr().err

@@ -1,0 +1,129 @@
+"""The resolved configuration of one run, and the routing it implies.
+
+Every command builds a RunConfig from its flags, resolves it (model, placement, profile, routing) and
+writes the resolved configuration next to its results, so a result file says exactly what produced it.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .placement import Placement, make_placement
+from .presets import PRESETS, ModelPreset, get_model
+from .profile import HardwareProfile, load_profile
+
+DEFAULT_MODEL = "gpt-oss-20b"
+DEFAULT_OUT = Path("weave-out")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to simulate. `trace` None + `synthetic` set means generated routing; `trace` 'default' is the
+    shipped real GPT-OSS-20B subset."""
+
+    model: str | None = None  # None: the trace's model, else DEFAULT_MODEL
+    num_gpus: int = 4
+    tokens_per_gpu: int = 2048
+    trace: str | None = "default"
+    synthetic: str = "zipf"
+    mode: str = "prefill"
+    seed: int = 0
+    profile: str = "h200"
+    placement: str = "contiguous"
+    layers: tuple[int, ...] | None = None
+    out: Path = DEFAULT_OUT
+    synthetic_params: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ValueError("--gpus must be >= 1")
+        if self.tokens_per_gpu < 1:
+            raise ValueError("--tokens must be >= 1")
+        if self.mode not in ("prefill", "decode"):
+            raise ValueError("--mode must be prefill or decode")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        return d
+
+
+@dataclass(frozen=True)
+class Resolved:
+    config: RunConfig
+    model: ModelPreset
+    placement: Placement
+    profile: HardwareProfile
+    routing: np.ndarray  # int64 [num_gpus * tokens_per_gpu, num_layers_selected, top_k]
+    layer_ids: np.ndarray  # which MoE layers `routing` holds
+    routing_source: str
+
+    def describe(self) -> dict:
+        return {
+            **self.config.to_dict(),
+            "model_preset": self.model.to_dict(),
+            "placement_owner": self.placement.owner.tolist(),
+            "profile_name": self.profile.name,
+            "profile_version": self.profile.version,
+            "routing_source": self.routing_source,
+            "layer_ids": self.layer_ids.tolist(),
+        }
+
+
+def resolve(cfg: RunConfig) -> Resolved:
+    """Load everything a run needs; any inconsistency raises ValueError with a clear message."""
+    from . import traces
+
+    profile = load_profile(cfg.profile)
+    num_tokens = cfg.num_gpus * cfg.tokens_per_gpu
+    if cfg.trace is not None:
+        trace = traces.default_trace() if cfg.trace == "default" else traces.load_trace(cfg.trace, model=cfg.model)
+        model = get_model(trace.model or cfg.model or DEFAULT_MODEL)
+        routing = traces.routing_for(model, num_tokens, trace=trace, mode=cfg.mode, seed=cfg.seed)
+        source = f"trace {cfg.trace} ({cfg.mode} batch)"
+    else:
+        model = get_model(cfg.model or DEFAULT_MODEL)
+        routing = traces.routing_for(
+            model, num_tokens, synthetic=cfg.synthetic, mode=cfg.mode, seed=cfg.seed, **cfg.synthetic_params
+        )
+        source = f"synthetic {cfg.synthetic} seed {cfg.seed}"
+    placement = make_placement(cfg.placement, model.num_experts, cfg.num_gpus)
+    layer_ids = np.arange(routing.shape[1]) if cfg.layers is None else np.asarray(cfg.layers)
+    if layer_ids.size == 0 or layer_ids.min() < 0 or layer_ids.max() >= routing.shape[1]:
+        raise ValueError(f"--layers must lie in [0, {routing.shape[1]})")
+    return Resolved(cfg, model, placement, profile, np.asarray(routing)[:, layer_ids, :], layer_ids, source)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, *, default_trace: bool = True) -> None:
+    """Flags shared by costmodel, simulate and sweep."""
+    p.add_argument("--model", default=None, help=f"preset ({', '.join(PRESETS)}); default {DEFAULT_MODEL}, or the trace's model")
+    p.add_argument("--gpus", type=int, default=4, help="GPUs in the EP group (default 4)")
+    p.add_argument("--tokens", type=int, default=2048, help="tokens per GPU (default 2048)")
+    p.add_argument("--trace", default=None, help="routing trace .npz in the interchange format (traces/README.md)")
+    p.add_argument("--synthetic", default=None, help="synthetic routing kind (uniform, zipf, dirichlet, drifting, fitted)")
+    p.add_argument("--mode", default="prefill", choices=["prefill", "decode"], help="batch formation from a trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="h200", help="hardware profile name or JSON path (default h200)")
+    p.add_argument("--placement", default="contiguous", choices=["contiguous", "round-robin"])
+    p.add_argument("--layers", default=None, help="comma-separated MoE layer ids (default all)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON, traces and plots")
+    p.set_defaults(_default_trace=default_trace)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Embedded default: the shipped real GPT-OSS-20B trace when neither a model, trace nor generator is given."""
+    if args.trace is not None:
+        trace = args.trace
+    elif args.synthetic is None and args.model in (None, DEFAULT_MODEL) and args._default_trace:
+        trace = "default"
+    else:
+        trace = None
+    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    return RunConfig(
+        model=args.model, num_gpus=args.gpus, tokens_per_gpu=args.tokens, trace=trace,
+        synthetic=args.synthetic or "zipf", mode=args.mode, seed=args.seed, profile=args.profile,
+        placement=args.placement, layers=layers, out=args.out,
+    )
