@@ -1,0 +1,206 @@
+"""The scheduler core: one long-lived SimPy process per SM executes a TaskGraph under a Plan.
+
+Contract of `LayerSim.run()`: every task of the graph runs exactly once; a task starts only after all its
+dependencies have ended (plus `signal` ns when a dependency finished on another GPU, plus a barrier's own
+delay); an SM runs one task at a time. Time is integer ns on SimPy's own event queue.
+
+Claiming. Ready tasks wait in per-GPU heaps, one per claim class (control, comm, GEMM, reduce), ordered by
+(priority, task id). A worker that finishes a task claims the next one allowed to its role:
+    comm role:    control, comm, [GEMM if the plan steals bubbles], reduce
+    compute role: GEMM, [combine once every GEMM task of its GPU is claimed, if all SMs join combine], reduce
+    any role (sequential plans, every SM): control, comm, GEMM, reduce
+A worker that finds nothing parks on its own event. When tasks become ready, parked workers are woken
+role by role (compute before comm, so stolen GEMM tasks only go to comm SMs no compute SM wants), most
+recently parked first (a LIFO stack). Barriers take no SM: they end when their dependencies have
+ended plus their delay. Cross-GPU notifications of one finished task share one SimPy timeout.
+Same-time order is SimPy's (time, priority, insertion order), so a run is a pure function of its
+inputs and seed; the seed only draws the optional GEMM-time jitter.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import simpy
+
+from ..profile import HardwareProfile
+from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, K_DISPATCH, TaskGraph
+from .hardware import ROLE_ANY, ROLE_COMM, ROLE_COMPUTE, NVLinkFabric
+from .plan import Plan
+
+
+class _CountingEnv(simpy.Environment):
+    """simpy.Environment that counts scheduled events (for the events/s benchmark)."""
+
+    num_events = 0
+
+    def schedule(self, event, priority=1, delay=0):
+        self.num_events += 1
+        super().schedule(event, priority, delay)
+
+
+class LayerSim:
+    """One simulation of `graph` under `plan` (see module docstring)."""
+
+    def __init__(self, graph: TaskGraph, plan: Plan, profile: HardwareProfile, *, seed: int = 0,
+                 jitter: float = 0.0, record_timeline: bool = False):
+        if plan.num_gpus != graph.num_gpus:
+            raise ValueError(f"plan has {plan.num_gpus} GPUs, graph {graph.num_gpus}")
+        plan.check(profile.num_sms)
+        self.graph, self.plan, self.profile = graph, plan, profile
+        self.env = _CountingEnv()
+        self.fabric = NVLinkFabric(self.env, graph.num_gpus, profile, record=record_timeline)
+        fx = profile.fixed_ns
+        self.signal_ns = int(fx["signal"])
+        cls = graph.cls
+        work = graph.work_ns.astype(np.float64)
+        if jitter > 0:  # seeded multiplicative noise on GEMM times only
+            rng = np.random.default_rng(seed)
+            gemm = cls == C_GEMM
+            work[gemm] *= np.exp(jitter * rng.standard_normal(int(gemm.sum())))
+        dur = np.round(work).astype(np.int64) + fx["task_claim"] * graph.tiles.astype(np.int64)
+        self._claim = int(fx["task_claim"])
+        self._dur = dur.tolist()
+        self._cls = cls.tolist()
+        self._kind = graph.kind.tolist()
+        self._gpu = graph.gpu.tolist()
+        self._peer = graph.peer.tolist()
+        self._bytes = graph.nbytes.tolist()
+        self._prio = graph.prio.tolist()
+        self._delay = graph.delay_ns.tolist()
+        self._ptr = graph.dep_ptr.tolist()
+        self._deps = graph.dep_idx.tolist()
+        self._left = graph.num_deps.tolist()
+        T, G, N = graph.num_tasks, graph.num_gpus, profile.num_sms
+        self.start_ns = [-1] * T
+        self.end_ns = [-1] * T
+        self.sm = [-1] * T
+        self.run_count = [0] * T  # times each task was executed (the tests check it is exactly 1)
+        self._queues = [[[] for _ in range(4)] for _ in range(G)]
+        self._idle = [[[] for _ in range(3)] for _ in range(G)]
+        self._gemm_left = np.bincount(graph.gpu[cls == C_GEMM], minlength=G).tolist()
+        self._touched: set[int] = set()
+        self._all_join = plan.all_join_combine
+        steal = [C_GEMM] if plan.steal else []
+        self._allowed = {ROLE_COMM: [C_CTRL, C_COMM, *steal, C_REDUCE],
+                         ROLE_COMPUTE: [C_GEMM, C_COMM, C_REDUCE] if plan.all_join_combine else [C_GEMM, C_REDUCE],
+                         ROLE_ANY: [C_CTRL, C_COMM, C_GEMM, C_REDUCE]}
+        self.roles = np.full((G, N), ROLE_ANY, dtype=np.int8)
+        if not plan.sequential:
+            for g, c in enumerate(plan.num_comm_sms):
+                self.roles[g, :c] = ROLE_COMM
+                self.roles[g, c:] = ROLE_COMPUTE
+
+    # --- running -------------------------------------------------------------------------------
+    def run(self) -> "LayerSim":
+        """Simulate to completion; raises RuntimeError if some task never ran (a deadlock)."""
+        for t in np.flatnonzero(self.graph.num_deps == 0).tolist():
+            self._ready(t)
+        G, N = self.roles.shape
+        for g in range(G):
+            for sm in range(N):
+                self.env.process(self._worker(g, sm, int(self.roles[g, sm])))
+        self.env.run()
+        missing = [t for t, e in enumerate(self.end_ns) if e < 0]
+        if missing:
+            raise RuntimeError(f"{len(missing)} tasks never ran under {self.plan.label} (first id {missing[0]})")
+        return self
+
+    @property
+    def num_events(self) -> int:
+        return self.env.num_events
+
+    def _worker(self, g: int, sm: int, role: int):
+        env, fabric = self.env, self.fabric
+        dur, cls, peer, nbytes = self._dur, self._cls, self._peer, self._bytes
+        idle = self._idle[g][role]
+        while True:
+            t = self._pick(g, role)
+            if t < 0:
+                ev = env.event()
+                idle.append(ev)
+                t = yield ev
+            self.start_ns[t] = env.now
+            self.sm[t] = sm
+            self.run_count[t] += 1
+            if cls[t] == C_COMM:
+                if self._claim:
+                    yield env.timeout(self._claim)
+                yield fabric.transfer(g, peer[t], nbytes[t])
+            else:
+                yield env.timeout(dur[t])
+            self._finish(t)
+            self._flush()
+
+    def _pick(self, g: int, role: int) -> int:
+        """Claim the best ready task for a worker of `role` on GPU g, or return -1."""
+        queues = self._queues[g]
+        for c in self._allowed[role]:
+            heap = queues[c]
+            if not heap:
+                continue
+            if c == C_COMM and role == ROLE_COMPUTE and self._gemm_left[g] > 0:
+                continue  # compute SMs join combine only after the last GEMM task is claimed
+            t = heapq.heappop(heap)[1]
+            if c == C_GEMM:
+                self._gemm_left[g] -= 1
+                if self._gemm_left[g] == 0 and self._all_join:
+                    self._touched.add(g)  # parked compute SMs may now take combine tasks
+            return t
+        return -1
+
+    def _kick(self, g: int) -> None:
+        """Wake parked workers of GPU g while some ready task suits them."""
+        for role in (ROLE_COMPUTE, ROLE_COMM, ROLE_ANY):
+            stack = self._idle[g][role]
+            while stack:
+                t = self._pick(g, role)
+                if t < 0:
+                    break
+                stack.pop().succeed(t)
+
+    def _flush(self) -> None:
+        while self._touched:
+            for g in sorted(self._touched):
+                self._touched.discard(g)
+                self._kick(g)
+
+    def _ready(self, t: int) -> None:
+        if self._cls[t] == C_VIRTUAL:
+            self.start_ns[t] = self.env.now
+            self.run_count[t] += 1
+            if self._delay[t]:
+                timer = self.env.timeout(self._delay[t])
+                timer.callbacks.append(lambda _ev: (self._finish(t), self._flush()))
+            else:
+                self._finish(t)
+            return
+        g = self._gpu[t]
+        heapq.heappush(self._queues[g][self._cls[t]], (self._prio[t], t))
+        self._touched.add(g)
+
+    def _finish(self, t: int) -> None:
+        self.end_ns[t] = self.env.now
+        g = self._gpu[t]
+        cross = []
+        for d in self._deps[self._ptr[t]:self._ptr[t + 1]]:
+            if self._gpu[d] != g:
+                cross.append(d)
+                continue
+            self._left[d] -= 1
+            if self._left[d] == 0:
+                self._ready(d)
+        if cross:
+            if self.signal_ns:
+                timer = self.env.timeout(self.signal_ns)
+                timer.callbacks.append(lambda _ev: self._release(cross))
+            else:
+                self._release(cross, flush=False)
+
+    def _release(self, ids: list[int], flush: bool = True) -> None:
+        for d in ids:
+            self._left[d] -= 1
+            if self._left[d] == 0:
+                self._ready(d)
+        if flush:
+            self._flush()

@@ -1,0 +1,321 @@
+"""The task DAG of one expert-parallel MoE layer on G GPUs, built with numpy.
+
+Tasks (ids are a topological order: every edge goes from a lower id to a higher id):
+    count_exchange[g]  one per GPU: routing counts are exchanged (and, for Weave, (c, K) decided)
+    counts_known[g]    barrier: all GPUs' counts are here (receive offsets known)
+    dispatch           a chunk of token rows pushed from src to dst over NVLink (run by a src SM)
+    seq_gate[g]        (sequential only) barrier: all dispatch traffic into and out of g is complete
+    rows_arrived[rb]   barrier: every row of row block rb of a local expert is in g's buffer
+    gemm0              a batch of GEMM0 tiles (gate+up, SwiGLU epilogue) of one row block
+    gemm0_done[rb]     barrier: all GEMM0 column tiles of rb are done (GEMM1 reads their output)
+    gemm1              a batch of GEMM1 tiles (down projection) of one row block
+    chunk_done[g, k]   barrier: every GEMM1 task of the row blocks in combine chunk k is done
+    combine            a chunk of result rows pushed back from the computing GPU to the tokens' GPU
+    reduce_gate[s]     barrier: every result row of GPU s's tokens is back (remote and local)
+    reduce             a slice of s's tokens: weighted sum over k result rows (HBM bound)
+
+Row layout. Expert e's rows on its owner g are grouped by source GPU in ring order g, g+1, ... (local rows
+first, as receive offsets are prefix sums of the exchanged counts). Rows of e from source s are spread
+evenly over the dispatch stream s->g (a token's position in the stream is proportional to its rank among
+e's tokens from s), so a row block waits on a contiguous range of that stream's chunks.
+
+Granularity. GEMM tiles are tile_rows x tile_cols outputs. To keep large layers fast, consecutive column
+tiles of one row block are batched into one task (run back to back by one SM, one claim cost per tile):
+with `gemm_tasks_per_sm=n`, the batch size is chosen per GPU so that a task lasts about
+(GEMM time per SM) / n; small layers keep one tile per task. `None` disables batching.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..profile import HardwareProfile
+from ..workload import LayerWorkload
+from .plan import Plan
+
+KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "barrier")
+K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
+# Claim classes: which worker queue a task waits in.
+C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
+KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
+_COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
+_FLOP_PER_NS_PER_TFLOPS = 1e3
+
+
+@dataclass(frozen=True, eq=False)
+class TaskGraph:
+    """Tasks as parallel arrays [T] and dependents as CSR (dep_idx[dep_ptr[t]:dep_ptr[t+1]]).
+
+    kind: int8 index into KIND_NAMES.  gpu: int32 GPU whose SM runs the task (the source for transfers).
+    peer: int32 destination GPU of a transfer, else -1.  work_ns: int64 SM time of compute/control/reduce
+    tasks, excluding claim costs.  nbytes: int64 bytes moved by a transfer.  tiles: int32 claims the task
+    makes (GEMM tiles; 1 otherwise; 0 for barriers).  flops: float64.  prio: int64 queue priority (lower
+    first; ties by id).  delay_ns: int64 extra wait of a barrier once its dependencies are met.
+    chunk: int32 combine chunk of GEMM and combine tasks, else -1.  num_deps: int32 in-degree.
+    """
+
+    num_gpus: int
+    kind: np.ndarray
+    gpu: np.ndarray
+    peer: np.ndarray
+    work_ns: np.ndarray
+    nbytes: np.ndarray
+    tiles: np.ndarray
+    flops: np.ndarray
+    prio: np.ndarray
+    delay_ns: np.ndarray
+    chunk: np.ndarray
+    num_deps: np.ndarray
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    edge_src: np.ndarray
+    batch: dict
+
+    @property
+    def num_tasks(self) -> int:
+        return int(self.kind.size)
+
+    @property
+    def cls(self) -> np.ndarray:
+        return KIND_CLASS[self.kind]
+
+    def preds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Predecessors as CSR (ptr [T+1], idx): the reverse of the dependents."""
+        order = np.argsort(self.dep_idx, kind="stable")
+        ptr = np.zeros(self.num_tasks + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.dep_idx, minlength=self.num_tasks), out=ptr[1:])
+        return ptr, self.edge_src[order]
+
+
+class _Builder:
+    """Accumulates task groups and edges; ids are handed out in call order (so in topological order)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
+                                                  ("kind", "gpu", "peer", "work_ns", "nbytes", "tiles",
+                                                   "flops", "prio", "delay_ns", "chunk")}
+        self.n = 0
+        self.src: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+
+    def add(self, kind: int, gpu, *, peer=-1, work_ns=0, nbytes=0, tiles=1, flops=0.0, prio=0,
+            delay_ns=0, chunk=-1) -> np.ndarray:
+        gpu = np.atleast_1d(np.asarray(gpu, dtype=np.int64))
+        n = gpu.size
+        vals = dict(kind=kind, gpu=gpu, peer=peer, work_ns=work_ns, nbytes=nbytes, tiles=tiles, flops=flops,
+                    prio=prio, delay_ns=delay_ns, chunk=chunk)
+        for key, v in vals.items():
+            self.cols[key].append(np.broadcast_to(np.asarray(v), (n,)).copy())
+        ids = np.arange(self.n, self.n + n, dtype=np.int64)
+        self.n += n
+        return ids
+
+    def edges(self, src, dst) -> None:
+        src, dst = np.broadcast_arrays(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
+        self.src.append(src.ravel())
+        self.dst.append(dst.ravel())
+
+    def build(self, num_gpus: int, batch: dict) -> TaskGraph:
+        dtypes = dict(kind=np.int8, gpu=np.int32, peer=np.int32, work_ns=np.int64, nbytes=np.int64,
+                      tiles=np.int32, flops=np.float64, prio=np.int64, delay_ns=np.int64, chunk=np.int32)
+        arr = {k: np.concatenate(v).astype(dtypes[k]) if v else np.zeros(0, dtypes[k])
+               for k, v in self.cols.items()}
+        src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
+        dst = np.concatenate(self.dst) if self.dst else np.zeros(0, np.int64)
+        if np.any(src >= dst):
+            raise AssertionError("task graph: an edge does not follow id order")
+        order = np.argsort(src, kind="stable")
+        ptr = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=self.n), out=ptr[1:])
+        return TaskGraph(num_gpus=num_gpus, **arr, num_deps=np.bincount(dst, minlength=self.n).astype(np.int32),
+                         dep_ptr=ptr, dep_idx=dst[order].astype(np.int64), edge_src=src[order], batch=batch)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expand integer ranges [lo_i, hi_i] (inclusive) into (owner index i, value) pairs."""
+    n = np.maximum(hi - lo + 1, 0)
+    owner = np.repeat(np.arange(lo.size), n)
+    start = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+    return owner, start + np.arange(n.sum())
+
+
+def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split each total_i into ceil(total_i / piece) pieces: (owner i, piece index, piece size)."""
+    count = -(-total // piece)
+    owner = np.repeat(np.arange(total.size), count)
+    idx = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    size = np.minimum(piece, total[owner] - idx * piece)
+    return owner, idx, size
+
+
+def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
+                tile_cols: int = 128, comm_chunk_rows: int | None = None,
+                gemm_tasks_per_sm: int | None = 32) -> TaskGraph:
+    """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
+
+    comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
+    """
+    G, N = w.num_gpus, profile.num_sms
+    H, I = w.model.hidden_size, w.model.expert_ffn_size
+    row_bytes = w.model.row_bytes
+    cr = int(comm_chunk_rows or tile_rows)
+    fx = profile.fixed_ns
+    seq = plan.sequential
+    b = _Builder()
+    ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G  # ring[g, j]: j-th source of g
+
+    cx = b.add(K_CTRL, np.arange(G), work_ns=fx["count_exchange"] + plan.decision_ns)
+    known = b.add(K_BARRIER, np.arange(G), delay_ns=(fx["host_sync"] + fx["launch"]) if seq else 0)
+    b.edges(cx[:, None], known[None, :])
+
+    # Dispatch streams s -> d (s != d), each cut into chunks of cr rows.
+    R = w.dispatch_rows.copy()
+    np.fill_diagonal(R, 0)
+    st_own, st_idx, st_rows = _split(R.ravel(), cr)
+    st_src, st_dst = st_own // G, st_own % G
+    disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes,
+                 prio=st_idx * G + (st_dst - st_src) % G)
+    b.edges(known[st_src], disp)
+    nch = -(-R.ravel() // cr)
+    stream_base = (np.cumsum(nch) - nch).reshape(G, G) + (disp[0] if disp.size else 0)
+    if seq:
+        gate = b.add(K_BARRIER, np.arange(G), delay_ns=fx["launch"])
+        b.edges(known, gate)
+        b.edges(disp, gate[st_src])
+        b.edges(disp, gate[st_dst])
+
+    # Row blocks of every local expert, per GPU.
+    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr) for g in range(G)]
+    rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
+    arrived = b.add(K_BARRIER, rb_gpu)
+    b.edges(known[rb_gpu], arrived)
+    if seq:
+        b.edges(gate[rb_gpu], arrived)
+    off = 0
+    for g, x in enumerate(geo):
+        s, lo, hi, rb = x["dep_src"], x["dep_lo"], x["dep_hi"], x["dep_rb"]
+        own, j = _ranges(lo, hi)
+        b.edges(stream_base[s[own], g] + j, arrived[off + rb[own]])
+        off += x["rows"].size
+
+    # Chunk assignment (per GPU, K chunks balanced by rows in expected-arrival order) and GEMM batching.
+    K = np.asarray(plan.num_chunks)
+    rb_chunk, rb_order, rb_rate, batch = [], [], [], {}
+    for g, x in enumerate(geo):
+        order = np.lexsort((np.arange(x["rows"].size), x["ready_frac"]))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        before = np.cumsum(x["rows"][order]) - x["rows"][order]
+        ch = np.empty_like(order)
+        ch[order] = np.minimum(before * K[g] // max(x["rows"].sum(), 1), K[g] - 1)
+        rb_chunk.append(ch)
+        rb_order.append(rank)
+        rate = profile.per_sm_tflops(x["expert_rows"]) * _FLOP_PER_NS_PER_TFLOPS  # FLOP/ns per SM
+        rb_rate.append(rate)
+        batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
+    rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))
+    rb_rows = np.concatenate([x["rows"] for x in geo])
+    b0 = np.array([batch[g][0] for g in range(G)])[rb_gpu]
+    b1 = np.array([batch[g][1] for g in range(G)])[rb_gpu]
+    rb_prio = (rb_chunk.astype(np.int64) << 32) + (rb_order.astype(np.int64) << 8)
+
+    def gemm_tasks(kind, width, k_dim, bsz, out_mult):
+        n_tasks = -(-(-(-width // tile_cols)) // bsz)  # ceil(column tiles / batch) per row block
+        own = np.repeat(np.arange(n_tasks.size), n_tasks)
+        t = np.arange(n_tasks.sum()) - np.repeat(np.cumsum(n_tasks) - n_tasks, n_tasks)
+        col_lo = t * bsz[own] * tile_cols
+        cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
+        flops = 2.0 * rb_rows[own] * k_dim * out_mult * cols
+        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(flops / rb_rate[own]).astype(np.int64),
+                    tiles=-(-cols // tile_cols), flops=flops, prio=rb_prio[own] + (kind == K_GEMM0),
+                    chunk=rb_chunk[own])
+        return own, ids
+
+    own0, g0 = gemm_tasks(K_GEMM0, I, H, b0, 2)  # gate and up: 2 x tile_cols outputs per SwiGLU column
+    b.edges(arrived[own0], g0)
+    g0done = b.add(K_BARRIER, rb_gpu)
+    b.edges(g0, g0done[own0])
+    own1, g1 = gemm_tasks(K_GEMM1, H, I, b1, 1)
+    b.edges(g0done[own1], g1)
+    chunk_base = np.concatenate([[0], np.cumsum(K)[:-1]])
+    cdone = b.add(K_BARRIER, np.repeat(np.arange(G), K), delay_ns=fx["launch"] if seq else 0,
+                  chunk=np.arange(K.sum()) - np.repeat(chunk_base, K))
+    b.edges(known[np.repeat(np.arange(G), K)], cdone)
+    b.edges(g1, cdone[chunk_base[rb_gpu[own1]] + rb_chunk[own1]])
+
+    # Combine: rows of chunk k on g that belong to source s go back to s in transfers of cr rows.
+    comb_own, comb_rows = [], []
+    for g, x in enumerate(geo):
+        per = np.zeros((K[g], G), dtype=np.int64)  # [chunk, ring position]
+        np.add.at(per, rb_chunk[rb_gpu == g], x["overlap"])
+        per[:, 0] = 0  # local rows do not move
+        comb_rows.append(per.ravel())
+        comb_own.append(np.stack(np.meshgrid(np.arange(K[g]), ring[g], indexing="ij"), -1).reshape(-1, 2))
+    comb_rows, comb_own = np.concatenate(comb_rows), np.concatenate(comb_own)
+    comb_src = np.repeat(np.arange(G), K * G)
+    own, idx, rows = _split(comb_rows, cr)
+    src, dst, k = comb_src[own], comb_own[own, 1], comb_own[own, 0]
+    comb = b.add(K_COMBINE, src, peer=dst, nbytes=rows * row_bytes, chunk=k,
+                 prio=_COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G)
+    b.edges(cdone[chunk_base[src] + k], comb)
+
+    # Weighted reduction at each token's GPU, spread over up to N SM-sized slices.
+    rgate = b.add(K_BARRIER, np.arange(G))
+    b.edges(known, rgate)
+    b.edges(comb, rgate[dst])
+    b.edges(cdone, rgate[np.repeat(np.arange(G), K)])
+    tokens = np.asarray(w.tokens_per_gpu, dtype=np.int64)
+    red_bytes = (w.pair_counts.sum(axis=(1, 2)) + tokens) * row_bytes  # read k rows, write one
+    pieces = np.minimum(N, tokens)
+    red_gpu = np.repeat(np.arange(G), pieces)
+    per_sm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
+    red_ns = np.ceil(red_bytes[red_gpu] / np.maximum(pieces[red_gpu], 1) / per_sm_gbs).astype(np.int64)
+    red = b.add(K_REDUCE, red_gpu, work_ns=red_ns, nbytes=0, prio=np.arange(red_gpu.size))
+    b.edges(rgate[red_gpu], red)
+    return b.build(G, {g: {"gemm0_tiles_per_task": int(batch[g][0]), "gemm1_tiles_per_task": int(batch[g][1])}
+                       for g in range(G)})
+
+
+def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int) -> dict:
+    """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on."""
+    le = w.placement.local_experts(g)
+    seg_n = w.pair_counts[:, g, le][ring].T  # [experts, ring position]
+    seg_end = np.cumsum(seg_n, axis=1)
+    seg_start = seg_end - seg_n
+    e_rows = seg_end[:, -1] if le.size else np.zeros(0, np.int64)
+    nb = -(-e_rows // tile_rows)
+    rb_e = np.repeat(np.arange(le.size), nb)
+    lo = (np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)) * tile_rows
+    hi = np.minimum(lo + tile_rows, e_rows[rb_e])
+    ss, se = seg_start[rb_e], seg_end[rb_e]  # [RB, G]
+    a = np.maximum(lo[:, None], ss)
+    z = np.minimum(hi[:, None], se)
+    overlap = np.maximum(z - a, 0)
+    r, j = np.nonzero(overlap[:, 1:] > 0)
+    j = j + 1
+    n = seg_n[rb_e[r], j]
+    stream_rows = w.dispatch_rows[ring[j], g]
+    i_lo, i_hi = a[r, j] - ss[r, j], z[r, j] - ss[r, j]
+
+    def chunk_of(i):  # the dispatch chunk carrying the i-th row of expert e from this source
+        return ((2 * i + 1) * stream_rows // (2 * n)) // cr
+
+    ready = np.zeros(lo.size)
+    np.maximum.at(ready, r, i_hi / n)
+    return {"rows": hi - lo, "expert_rows": e_rows[rb_e], "overlap": overlap, "ready_frac": ready,
+            "dep_rb": r, "dep_src": ring[j], "dep_lo": chunk_of(i_lo), "dep_hi": chunk_of(i_hi - 1)}
+
+
+def _batch_sizes(x: dict, rate: np.ndarray, H: int, I: int, tile_rows: int, tile_cols: int, num_sms: int,
+                 tasks_per_sm: int | None) -> tuple[int, int]:
+    """Column tiles per GEMM0 and GEMM1 task on one GPU (1 when unbatched or the layer is small)."""
+    if tasks_per_sm is None or x["rows"].size == 0:
+        return 1, 1
+    total_ns = float(np.sum(x["rows"] * 6.0 * H * I / rate))
+    quantum_ns = total_ns / num_sms / tasks_per_sm
+    full = x["rows"] == tile_rows
+    r = float(np.median(rate[full])) if full.any() else float(np.median(rate))
+    t0 = 2.0 * tile_rows * H * 2 * tile_cols / r
+    t1 = 2.0 * tile_rows * I * tile_cols / r
+    return max(1, int(quantum_ns // t0)), max(1, int(quantum_ns // t1))

@@ -1,0 +1,56 @@
+"""A plan: everything a policy decides for one layer, and nothing the hardware decides.
+
+The engine simulates a Plan; a policy produces one Plan (or, like `oracle`, many and keeps the fastest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Scheduling decisions for one layer on G GPUs.
+
+    label: human-readable name of this configuration (e.g. 'static:20', 'weave', 'oracle[c=24,K=4]').
+    num_comm_sms: tuple[int] [G]; SMs 0..c-1 of GPU g are communication workers, the rest compute workers.
+        Ignored when `sequential` (every SM is then an any-role worker).
+    num_chunks: tuple[int] [G]; K, the number of combine chunks on GPU g (chunk pipelining: a chunk's
+        combine transfers start when all GEMM tiles of that chunk are done). K=1 means combine after all GEMMs.
+    steal: bubble stealing; comm workers claim GEMM tasks whenever no comm task is ready.
+    all_join_combine: once every GEMM task of a GPU is claimed, its compute workers also push combine rows.
+    sequential: no overlap (NCCL all-to-all + grouped GEMM): host sync and a launch before dispatch, a launch
+        before the GEMMs (after the GPU's dispatch traffic, both directions, is complete), a launch before combine.
+    decision_ns: extra time of the count-exchange task for an in-kernel decision (Weave's spatial scheduler).
+    """
+
+    label: str
+    num_comm_sms: tuple[int, ...]
+    num_chunks: tuple[int, ...]
+    steal: bool = False
+    all_join_combine: bool = False
+    sequential: bool = False
+    decision_ns: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_comm_sms", tuple(int(c) for c in self.num_comm_sms))
+        object.__setattr__(self, "num_chunks", tuple(int(k) for k in self.num_chunks))
+        if len(self.num_comm_sms) != len(self.num_chunks):
+            raise ValueError("plan: num_comm_sms and num_chunks need one entry per GPU")
+        if any(k < 1 for k in self.num_chunks):
+            raise ValueError("plan: num_chunks must be >= 1")
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.num_comm_sms)
+
+    def check(self, num_sms: int) -> None:
+        """Raise ValueError unless every GPU keeps at least one comm and one compute SM."""
+        if not self.sequential and any(not 1 <= c < num_sms for c in self.num_comm_sms):
+            raise ValueError(f"plan {self.label}: comm SMs must lie in [1, {num_sms - 1}], got {self.num_comm_sms}")
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label, "num_comm_sms": list(self.num_comm_sms), "num_chunks": list(self.num_chunks),
+            "steal": self.steal, "all_join_combine": self.all_join_combine, "sequential": self.sequential,
+            "decision_ns": self.decision_ns,
+        }

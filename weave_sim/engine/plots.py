@@ -1,0 +1,96 @@
+"""Matplotlib PNGs: an SM Gantt chart coloured by task kind, and latency versus comm SM count."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .dag import C_VIRTUAL, KIND_NAMES
+from .metrics import LayerResult
+
+KIND_COLORS = {"count_exchange": "#7f7f7f", "dispatch": "#1f77b4", "gemm0": "#2ca02c", "gemm1": "#98df8a",
+               "combine": "#ff7f0e", "reduce": "#9467bd"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_gantt(result: LayerResult, path, *, gpus=None) -> Path:
+    """One row per SM (GPUs stacked, GPU 0 on top), one bar per task coloured by kind; white = idle."""
+    plt = _pyplot()
+    g_ = result.graph
+    G, N = result.roles.shape
+    gpus = list(range(G)) if gpus is None else list(gpus)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.02 * N * len(gpus)))
+    ran = g_.cls != C_VIRTUAL
+    for row_g, g in enumerate(gpus):
+        for k, name in enumerate(KIND_NAMES[:-1]):
+            m = ran & (g_.gpu == g) & (g_.kind == k)
+            if not m.any():
+                continue
+            y = row_g * (N + 4) + result.sm[m]
+            ax.barh(y, (result.end_ns[m] - result.start_ns[m]) / 1e3, left=result.start_ns[m] / 1e3, height=1.0,
+                    color=KIND_COLORS[name], linewidth=0, label=name if row_g == 0 else None)
+    ax.set_yticks([i * (N + 4) + N / 2 for i in range(len(gpus))], [f"GPU {g}" for g in gpus])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (us)")
+    ax.set_title(f"{result.policy}: layer {result.layer}, latency {result.latency_ns / 1e3:.1f} us")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), loc="upper right", fontsize=7, ncol=6)
+    return _save(fig, path)
+
+
+def latency_vs_c(workload, profile, *, grid=None, seed: int = 0, **options) -> dict:
+    """Simulated latency (us) of static:c and of Weave's scheduling at one uniform (c, best K), per c."""
+    from .run import simulate_layer
+
+    grid = [c for c in (grid or (2, 4, 8, 12, 16, 20, 24, 32, 48, 64, 96)) if c < profile.num_sms]
+    static_us, weave_us = [], []
+    for c in grid:
+        static_us.append(simulate_layer(workload, profile, f"static:{c}", seed=seed, **options).latency_ns / 1e3)
+        best = min(simulate_layer(workload, profile, f"static:{c}:{k}", seed=seed, **options).latency_ns
+                   for k in (1, 2, 4, 8) if k in profile.chunk_eff)
+        weave_us.append(best / 1e3)
+    return {"c": grid, "static_us": static_us, "static_best_k_us": weave_us}
+
+
+def plot_latency_vs_c(workload, profile, path, *, chosen: LayerResult | None = None,
+                      oracle: LayerResult | None = None, grid=None, seed: int = 0, **options) -> Path:
+    """Latency vs comm SM count (static:c with K=1 and with its best K), the chosen and oracle points marked.
+
+    `chosen` and `oracle` are LayerResults (e.g. of 'weave' and 'oracle'); their x is the mean comm SM count
+    over GPUs. Extra options go to simulate_layer.
+    """
+    plt = _pyplot()
+    data = latency_vs_c(workload, profile, grid=grid, seed=seed, **options)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(data["c"], data["static_us"], "o-", label="static:c (K=1)")
+    ax.plot(data["c"], data["static_best_k_us"], "s--", label="static:c, best K")
+    for res, marker, color in ((chosen, "*", "C3"), (oracle, "D", "k")):
+        if res is not None:
+            x = float(np.mean(res.plan.num_comm_sms))
+            ax.plot([x], [res.latency_ns / 1e3], marker, color=color, markersize=12,
+                    label=f"{res.policy} ({res.plan.label}, c={x:.1f})")
+    ax.set_xlabel("comm SMs per GPU (c)")
+    ax.set_ylabel("layer latency (us)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,22 @@
+"""`static:C[:K]`: C comm SMs on every GPU for every layer (DeepEP's 20, compile-time splits).
+
+Comm SMs dispatch, combine and help with the reduction; compute SMs run GEMM tiles as soon as their rows
+arrive. No bubble stealing; combine starts after all GEMMs (K=1) unless K is given.
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+
+
+def plan(ctx, num_comm_sms: int, num_chunks: int = 1) -> Plan:
+    label = f"static:{num_comm_sms}" + (f":{num_chunks}" if num_chunks != 1 else "")
+    return Plan(label, (num_comm_sms,) * ctx.num_gpus, (num_chunks,) * ctx.num_gpus)
+
+
+def run(ctx, arg):
+    if not arg:
+        raise ValueError("static needs a comm SM count, e.g. static:20 or static:20:4")
+    parts = [int(x) for x in arg.split(":")]
+    if len(parts) > 2:
+        raise ValueError(f"static:{arg}: expected static:C or static:C:K")
+    return ctx.simulate(plan(ctx, *parts))

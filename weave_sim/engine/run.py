@@ -1,0 +1,217 @@
+"""Entry points: simulate one layer, a whole model, or sweep policies over layers.
+
+    simulate_layer(workload, profile, "weave") -> LayerResult
+    simulate_model(routing [N, L, k], model, placement, profile, "static:20") -> ModelResult
+    sweep(routing, model, placement, profile, ["sequential", "static:20", "weave", "oracle"]) -> SweepTable
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..placement import Placement
+from ..presets import ModelPreset
+from ..profile import HardwareProfile
+from ..workload import LayerWorkload, layer_workload
+from .core import LayerSim
+from .dag import build_graph
+from .metrics import LayerResult, summarize
+from .plan import Plan
+from .policies import parse_policy
+
+DEFAULT_STATIC_GRID = (4, 8, 12, 16, 20, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of one simulation.
+
+    seed: seeds the optional GEMM-time jitter (runs are deterministic for a given seed).
+    jitter: sigma of a log-normal factor on each GEMM task's time (0 = exact profile times).
+    tile_rows, tile_cols: GEMM output tile shape.
+    comm_chunk_rows: rows per dispatch/combine transfer (None = tile_rows).
+    gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
+    record_timeline: keep NVLink rate samples for the Chrome trace counters.
+    """
+
+    seed: int = 0
+    jitter: float = 0.0
+    tile_rows: int = 128
+    tile_cols: int = 128
+    comm_chunk_rows: int | None = None
+    gemm_tasks_per_sm: int | None = 32
+    record_timeline: bool = False
+
+
+class SimContext:
+    """One layer plus options; `simulate(plan)` runs the engine (policies call it, possibly many times)."""
+
+    def __init__(self, workload: LayerWorkload, profile: HardwareProfile, options: SimOptions):
+        self.workload, self.profile, self.options = workload, profile, options
+        self._graphs: dict = {}
+        self.last_sim: LayerSim | None = None  # the most recent run (tests read its per-task counters)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.workload.num_gpus
+
+    def graph(self, plan: Plan):
+        key = (plan.num_chunks, plan.sequential, plan.decision_ns)
+        if key not in self._graphs:
+            o = self.options
+            self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
+                                            tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
+                                            gemm_tasks_per_sm=o.gemm_tasks_per_sm)
+        return self._graphs[key]
+
+    def simulate(self, plan: Plan) -> LayerResult:
+        t0 = time.perf_counter()
+        graph = self.graph(plan)
+        o = self.options
+        sim = LayerSim(graph, plan, self.profile, seed=o.seed, jitter=o.jitter,
+                       record_timeline=o.record_timeline).run()
+        wall = time.perf_counter() - t0
+        self.last_sim = sim
+        return summarize(plan.label, plan, graph, sim.start_ns, sim.end_ns, sim.sm, sim.roles,
+                         self.profile.nvlink_peak_gbs, sim.signal_ns, num_events=sim.num_events, wall_s=wall,
+                         samples=sim.fabric.samples)
+
+
+def simulate_layer(workload: LayerWorkload, profile: HardwareProfile, policy: str, *, seed: int = 0,
+                   tile_rows: int = 128, tile_cols: int = 128, record_timeline: bool = False,
+                   layer: int = 0, **options) -> LayerResult:
+    """Simulate one layer under a policy spec ('sequential', 'static:C[:K]', 'weave', 'oracle[:fast]').
+
+    Extra keyword options are SimOptions fields (jitter, comm_chunk_rows, gemm_tasks_per_sm).
+    """
+    run_policy, arg = parse_policy(policy)
+    opts = SimOptions(seed=seed, tile_rows=tile_rows, tile_cols=tile_cols, record_timeline=record_timeline,
+                      **options)
+    result = run_policy(SimContext(workload, profile, opts), arg)
+    result.policy, result.layer = policy, layer
+    return result
+
+
+@dataclass(eq=False)
+class ModelResult:
+    """Per-layer results of one policy over a model's layers; the model's MoE time is their sum."""
+
+    model: str
+    policy: str
+    layers: list[LayerResult] = field(default_factory=list)
+
+    @property
+    def total_ns(self) -> int:
+        return int(sum(r.latency_ns for r in self.layers))
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "policy": self.policy, "total_us": self.total_ns / 1e3,
+                "layers": [r.to_dict() for r in self.layers]}
+
+
+def _progress(it, enabled: bool, total: int, desc: str):
+    if not enabled:
+        return it
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a nicety; sweeps run the same without it
+        return it
+    return tqdm(it, total=total, desc=desc)
+
+
+def _layer_ids(routing: np.ndarray, layers) -> list[int]:
+    return list(range(routing.shape[1])) if layers is None else [int(x) for x in layers]
+
+
+def simulate_model(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policy: str,
+                   *, layers=None, seed: int = 0, progress: bool = False, **options) -> ModelResult:
+    """Simulate `policy` on every layer of routing int [num_tokens, num_layers, top_k] (or `layers` only)."""
+    routing = np.asarray(routing)
+    if routing.ndim != 3:
+        raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
+    out = ModelResult(model.name, policy)
+    ids = _layer_ids(routing, layers)
+    for layer in _progress(ids, progress, len(ids), policy):
+        w = layer_workload(routing[:, layer, :], model, placement)
+        out.layers.append(simulate_layer(w, profile, policy, seed=seed, layer=layer, **options))
+    return out
+
+
+@dataclass(eq=False)
+class SweepTable:
+    """Layer latencies (ns) of several policies, with speedups.
+
+    latency_ns: [L, P] for `policies`; static_ns: [L, len(static_grid)] for static:C over the grid;
+    best_static: the C whose *total* over the layers is smallest (a single split chosen after the fact).
+    """
+
+    model: str
+    layers: list[int]
+    policies: list[str]
+    latency_ns: np.ndarray
+    sequential_ns: np.ndarray
+    static_grid: tuple
+    static_ns: np.ndarray
+    results: dict = field(repr=False, default_factory=dict)  # (layer, policy) -> LayerResult
+
+    @property
+    def best_static(self) -> int:
+        return int(self.static_grid[int(np.argmin(self.static_ns.sum(axis=0)))])
+
+    @property
+    def best_static_ns(self) -> np.ndarray:
+        return self.static_ns[:, int(np.argmin(self.static_ns.sum(axis=0)))]
+
+    def speedup_vs_sequential(self) -> np.ndarray:
+        return self.sequential_ns[:, None] / self.latency_ns
+
+    def speedup_vs_best_static(self) -> np.ndarray:
+        return self.best_static_ns[:, None] / self.latency_ns
+
+    def to_dict(self) -> dict:
+        tot = self.latency_ns.sum(axis=0)
+        return {
+            "model": self.model, "layers": self.layers, "policies": self.policies,
+            "latency_us": (self.latency_ns / 1e3).tolist(), "total_us": (tot / 1e3).tolist(),
+            "static_grid": list(self.static_grid), "static_total_us": (self.static_ns.sum(axis=0) / 1e3).tolist(),
+            "best_static": self.best_static,
+            "speedup_vs_sequential_total": (self.sequential_ns.sum() / tot).tolist(),
+            "speedup_vs_best_static_total": (self.best_static_ns.sum() / tot).tolist(),
+        }
+
+    def format(self) -> str:
+        """A plain-text table: one row per layer, latency in us per policy, then totals and speedups."""
+        head = f"{'layer':>5} " + " ".join(f"{p:>14}" for p in self.policies)
+        rows = [head]
+        for i, layer in enumerate(self.layers):
+            rows.append(f"{layer:>5} " + " ".join(f"{t / 1e3:>14.1f}" for t in self.latency_ns[i]))
+        tot = self.latency_ns.sum(axis=0)
+        rows.append(f"{'total':>5} " + " ".join(f"{t / 1e3:>14.1f}" for t in tot))
+        rows.append(f"{'xseq':>5} " + " ".join(f"{self.sequential_ns.sum() / t:>14.2f}" for t in tot))
+        rows.append(f"{'xbst':>5} " + " ".join(f"{self.best_static_ns.sum() / t:>14.2f}" for t in tot)
+                    + f"   (best single static split: C={self.best_static})")
+        return "\n".join(rows)
+
+
+def sweep(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policies, *,
+          layers=None, static_grid=DEFAULT_STATIC_GRID, seed: int = 0, progress: bool = False,
+          **options) -> SweepTable:
+    """Every policy on every layer, plus sequential and static:C over `static_grid` for the speedup columns."""
+    routing = np.asarray(routing)
+    ids = _layer_ids(routing, layers)
+    grid = tuple(c for c in static_grid if c < profile.num_sms)
+    specs = list(dict.fromkeys([*policies, "sequential", *(f"static:{c}" for c in grid)]))
+    results = {}
+    work = [(layer, spec) for layer in ids for spec in specs]
+    wl = {}
+    for layer, spec in _progress(work, progress, len(work), "sweep"):
+        if layer not in wl:
+            wl = {layer: layer_workload(routing[:, layer, :], model, placement)}
+        results[layer, spec] = simulate_layer(wl[layer], profile, spec, seed=seed, layer=layer, **options)
+    lat = np.array([[results[l, p].latency_ns for p in policies] for l in ids], dtype=np.int64)
+    seq = np.array([results[l, "sequential"].latency_ns for l in ids], dtype=np.int64)
+    st = np.array([[results[l, f"static:{c}"].latency_ns for c in grid] for l in ids], dtype=np.int64)
+    return SweepTable(model.name, ids, list(policies), lat.reshape(len(ids), len(policies)), seq, grid,
+                      st.reshape(len(ids), len(grid)), results)

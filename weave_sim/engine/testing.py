@@ -1,0 +1,65 @@
+"""Small layers and profiles for tests, examples and quick experiments (no traces needed).
+
+`tiny_profile` shrinks the H200 profile (fewer SMs, optional fixed-cost and rate overrides) so that whole
+random layers simulate in milliseconds; `gumbel_routing` draws top-k routing with a tunable expert skew.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from ..placement import Placement, contiguous, round_robin
+from ..presets import ModelPreset
+from ..profile import HardwareProfile, load_profile, profile_from_dict
+from ..workload import LayerWorkload, layer_workload
+
+
+def tiny_profile(num_sms: int = 16, *, fixed_ns: dict | None = None, per_sm_tflops: float | None = None,
+                 hbm_gbs: float | None = None, gemm_peak_tflops: float | None = None, rho: float | None = None,
+                 tile: int | None = None, base: str = "h200") -> HardwareProfile:
+    """The `base` profile with `num_sms` SMs; fixed_ns entries override (missing keys keep their value).
+
+    per_sm_tflops: make the GEMM rate flat at this value for every row count.
+    tile: the cost model's square GEMM tile (its parallelism cap counts tiles of this size).
+    """
+    raw = copy.deepcopy(load_profile(base).raw)
+    raw["num_sms"] = num_sms
+    raw["name"] = f"{raw['name']}-tiny{num_sms}"
+    if fixed_ns is not None:
+        raw["fixed_ns"] = {**raw["fixed_ns"], **fixed_ns}
+    if per_sm_tflops is not None:
+        raw["gemm"]["per_sm_tflops_by_rows"] = {"1": per_sm_tflops, "1024": per_sm_tflops}
+    if hbm_gbs is not None:
+        raw["hbm_gbs"] = hbm_gbs
+    if gemm_peak_tflops is not None:
+        raw["gemm"]["peak_tflops"] = gemm_peak_tflops
+    if tile is not None:
+        raw["gemm"]["tile_rows"] = raw["gemm"]["tile_cols"] = tile
+    if rho is not None:
+        raw["rho"] = rho
+    return profile_from_dict(raw, origin="tiny_profile")
+
+
+ZERO_FIXED = {"launch": 0, "host_sync": 0, "grid_barrier": 0, "task_claim": 0, "signal": 0,
+              "count_exchange": 0, "decision": 0}
+
+
+def gumbel_routing(num_tokens: int, num_experts: int, top_k: int, *, skew: float = 0.0,
+                   seed: int = 0) -> np.ndarray:
+    """int64 [num_tokens, top_k]: distinct experts per token, popularity log-normal with sigma `skew`."""
+    rng = np.random.default_rng(seed)
+    logits = rng.gumbel(size=(num_tokens, num_experts)) + skew * rng.standard_normal(num_experts)
+    return np.argsort(-logits, axis=1, kind="stable")[:, :top_k].astype(np.int64)
+
+
+def tiny_model(hidden: int = 128, ffn: int = 128, experts: int = 8, top_k: int = 2) -> ModelPreset:
+    return ModelPreset("tiny", hidden, ffn, experts, top_k, 0, 1)
+
+
+def random_layer(num_gpus: int, tokens: int, model: ModelPreset, *, skew: float = 0.0, seed: int = 0,
+                 placement: str = "contiguous") -> LayerWorkload:
+    """A LayerWorkload of `tokens` tokens with Gumbel routing on `num_gpus` GPUs."""
+    place: Placement = (contiguous if placement == "contiguous" else round_robin)(model.num_experts, num_gpus)
+    ids = gumbel_routing(tokens, model.num_experts, model.top_k, skew=skew, seed=seed)
+    return layer_workload(ids, model, place)
