@@ -74,6 +74,17 @@ def test_zipf_imbalance_target_is_met(num_experts, top_k, target):
     assert got == pytest.approx(target, rel=0.08)
 
 
+def test_sampling_is_successive_sampling_without_replacement():
+    """P(first = a, second = b) = w_a * w_b / (1 - w_a) (Plackett-Luce), checked on 4 experts, top-2."""
+    w = np.array([0.5, 0.25, 0.15, 0.1])
+    ids = sample_topk(np.random.default_rng(7), w[None], 200000, 2)[:, 0, :]
+    observed = np.zeros((4, 4))
+    np.add.at(observed, (ids[:, 0], ids[:, 1]), 1.0)
+    expected = w[:, None] * w[None, :] / (1 - w[:, None])
+    np.fill_diagonal(expected, 0.0)
+    assert np.abs(observed / 200000 - expected).max() < 0.005
+
+
 def test_inclusion_approximation_matches_sampling():
     weights = zipf_weights(32, np.array([0.8]))
     ids = sample_topk(np.random.default_rng(0), weights, 40000, 4)

@@ -60,11 +60,12 @@ def build_alias_tables(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _draw(rng: np.random.Generator, accept: np.ndarray, alias: np.ndarray, size: int) -> np.ndarray:
-    """`size` i.i.d. draws from one layer's alias table (1-D accept/alias of length E), as int64."""
+    """`size` i.i.d. draws from one layer's alias table (accept float32 `[E]`, alias int32 `[E]`), int32."""
     num_experts = accept.shape[0]
-    # One uniform per draw: its integer part picks the column, its fraction is the accept test.
-    scaled = rng.random(size) * num_experts
-    column = scaled.astype(np.int64)
+    # One float32 uniform per draw: its integer part picks the column, its fraction (>= 14 bits for
+    # E <= 1024) is the accept test. float32 halves the memory traffic; the clamp guards rounding to E.
+    scaled = rng.random(size, dtype=np.float32) * np.float32(num_experts)
+    column = np.minimum(scaled.astype(np.int32), num_experts - 1)
     fraction = scaled - column
     return np.where(fraction < accept[column], column, alias[column])
 
@@ -106,23 +107,40 @@ def sample_topk(rng: np.random.Generator, weights: np.ndarray, num_tokens: int, 
     accept, alias = build_alias_tables(w)
     out = np.empty((num_tokens, num_layers, top_k), dtype=np.int64)
     for layer_idx in range(num_layers):
-        out[:, layer_idx, :] = _sample_layer(rng, w[layer_idx], accept[layer_idx], alias[layer_idx],
-                                             num_tokens, top_k)
+        out[:, layer_idx, :] = sample_rows(rng, w[layer_idx], accept[layer_idx], alias[layer_idx],
+                                           num_tokens, top_k)
     return out
 
 
-def _sample_layer(rng, weights, accept, alias, num_tokens: int, top_k: int) -> np.ndarray:
-    """One layer of `sample_topk`: `[num_tokens, top_k]` int64, distinct per row.
+#: Tokens per block in `sample_rows`: its [block, E] "taken" bitmap (2 MB at E = 256) stays in cache.
+_BLOCK_TOKENS = 8192
 
-    A flat `[num_tokens * E]` "taken" bitmap makes the duplicate test one gather per draw instead of a
+
+def sample_rows(rng, weights, accept, alias, num_tokens: int, top_k: int) -> np.ndarray:
+    """One layer of `sample_topk`: int64 `[num_tokens, top_k]`, distinct per row.
+
+    weights `[E]` (normalised), accept/alias `[E]` from `build_alias_tables`. Tokens are done in blocks
+    with a reused flat "taken" bitmap, which makes the duplicate test one gather per draw instead of a
     comparison against every earlier slot.
     """
     num_experts = accept.shape[0]
+    accept32, alias32 = accept.astype(np.float32), alias.astype(np.int32)
     ids = np.empty((num_tokens, top_k), dtype=np.int64)
-    taken = np.zeros(num_tokens * num_experts, dtype=bool)
-    row_base = np.arange(num_tokens, dtype=np.int64) * num_experts
+    block = min(num_tokens, _BLOCK_TOKENS)
+    taken = np.zeros(block * num_experts, dtype=bool)
+    row_base = np.arange(block, dtype=np.int64) * num_experts
+    for first in range(0, num_tokens, block):
+        rows = min(block, num_tokens - first)
+        ids[first:first + rows] = _sample_block(rng, weights, accept32, alias32, top_k, taken, row_base[:rows])
+    return ids
+
+
+def _sample_block(rng, weights, accept, alias, top_k, taken, row_base) -> np.ndarray:
+    """`[len(row_base), top_k]` distinct draws per row; `taken` is all False on entry and on exit."""
+    num_rows = row_base.shape[0]
+    ids = np.empty((num_rows, top_k), dtype=np.int64)
     for slot in range(top_k):
-        column = _draw(rng, accept, alias, num_tokens)
+        column = _draw(rng, accept, alias, num_rows)
         pending = np.flatnonzero(taken[row_base + column]) if slot else np.empty(0, dtype=np.int64)
         for _ in range(_MAX_REJECTION_ROUNDS):
             if pending.size == 0:
@@ -134,6 +152,7 @@ def _sample_layer(rng, weights, accept, alias, num_tokens: int, top_k: int) -> n
             column[pending] = _masked_draw(rng, weights, ids[pending, :slot])
         ids[:, slot] = column
         taken[row_base + column] = True
+    taken[(row_base[:, None] + ids).ravel()] = False  # reset only what was set
     return ids
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from weave_sim.traces.sampling import _masked_draw, build_alias_tables, normalise_weights, _sample_layer
+from weave_sim.traces.sampling import _masked_draw, build_alias_tables, normalise_weights, sample_rows
 
 
 def _fill_source(keep: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def _duplicate_slots(values: np.ndarray) -> np.ndarray:
 
 
 def _sticky_layer(rng, weights, accept, alias, num_tokens: int, top_k: int, keep_prob: float) -> np.ndarray:
-    fresh = _sample_layer(rng, weights, accept, alias, num_tokens, top_k)
+    fresh = sample_rows(rng, weights, accept, alias, num_tokens, top_k)
     keep = rng.random((num_tokens, top_k)) < keep_prob
     keep[0] = False
     values = np.take_along_axis(fresh, _fill_source(keep), axis=0)
