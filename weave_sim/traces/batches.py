@@ -98,8 +98,8 @@ def decode_batch(trace: RoutingTrace, num_tokens: int, seed: int = 0) -> np.ndar
     return trace.topk_ids[decode_indices(trace, num_tokens, seed)]
 
 
-def routing_for(model: str | ModelPreset, num_tokens: int, *, trace=None, synthetic: str = "zipf", mode: str = "prefill",
-                seed: int = 0, **params) -> np.ndarray:
+def routing_for(model: str | ModelPreset, num_tokens: int, *, trace=None, synthetic: str = "zipf",
+                mode: str = "prefill", seed: int = 0, **params) -> np.ndarray:
     """The routing of one batch of `num_tokens` tokens through every MoE layer of `model` (a preset name
     or a ModelPreset).
 

@@ -70,7 +70,7 @@ def _draw(rng: np.random.Generator, accept: np.ndarray, alias: np.ndarray, size:
     return np.where(fraction < accept[column], column, alias[column])
 
 
-def _masked_draw(rng: np.random.Generator, weights: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+def masked_draw(rng: np.random.Generator, weights: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Exact draw for rows that rejection could not settle.
 
     weights: `[E]` one layer's weights; chosen: `[n, j]` experts already taken in each row.
@@ -149,7 +149,7 @@ def _sample_block(rng, weights, accept, alias, top_k, taken, row_base) -> np.nda
             column[pending] = redraw
             pending = pending[taken[row_base[pending] + redraw]]
         if pending.size:
-            column[pending] = _masked_draw(rng, weights, ids[pending, :slot])
+            column[pending] = masked_draw(rng, weights, ids[pending, :slot])
         ids[:, slot] = column
         taken[row_base + column] = True
     taken[(row_base[:, None] + ids).ravel()] = False  # reset only what was set
@@ -167,18 +167,15 @@ def inclusion_probabilities(weights: np.ndarray, top_k: int) -> np.ndarray:
     num_experts = w.shape[1]
     if top_k >= num_experts:
         return np.ones_like(w)
-    lo = np.zeros(w.shape[0])
-    hi = np.full(w.shape[0], 1.0)
-    while np.any((1.0 - np.exp(-hi[:, None] * w)).sum(axis=1) < top_k):
-        grow = (1.0 - np.exp(-hi[:, None] * w)).sum(axis=1) < top_k
-        hi[grow] *= 2.0
-        if hi.max() > 1e12:  # fewer than k experts with positive weight
-            break
+    row_sum = lambda lam: (1.0 - np.exp(-lam[:, None] * w)).sum(axis=1)  # noqa: E731, increasing in lam
+    lo, hi = np.zeros(w.shape[0]), np.ones(w.shape[0])
+    # Grow the bracket; rows with fewer than k positive weights never reach k and stop at the cap.
+    while np.any((row_sum(hi) < top_k) & (hi < 1e12)):
+        hi = np.where(row_sum(hi) < top_k, hi * 2.0, hi)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        low_sum = (1.0 - np.exp(-mid[:, None] * w)).sum(axis=1) < top_k
-        lo = np.where(low_sum, mid, lo)
-        hi = np.where(low_sum, hi, mid)
+        low = row_sum(mid) < top_k
+        lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
     return 1.0 - np.exp(-hi[:, None] * w)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from weave_sim.traces.sampling import _masked_draw, build_alias_tables, normalise_weights, sample_rows
+from weave_sim.traces.sampling import build_alias_tables, masked_draw, normalise_weights, sample_rows
 
 
 def _fill_source(keep: np.ndarray) -> np.ndarray:
@@ -83,7 +83,7 @@ def _sticky_layer(rng, weights, accept, alias, num_tokens: int, top_k: int, keep
             rows = fix_rows[redraw[:, slot]]
             if rows.size == 0:
                 continue
-            new = _masked_draw(rng, weights, np.delete(values[rows], slot, axis=1))
+            new = masked_draw(rng, weights, np.delete(values[rows], slot, axis=1))
             fresh[rows, slot] = values[rows, slot] = new
             # The new expert flows down the slot's chain of kept rows after each repaired row.
             chain = _ranges(rows + 1, next_fresh[rows + 1, slot])
