@@ -11,6 +11,8 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if has build; then
   /usr/bin/time -f "build %e s" python3 -c "from weave_kernel.build import load_extension; load_extension(False)" 2>&1 | tail -3 | tee $OUT/build.log || exit 1
+  so=$(ls $TORCH_EXTENSIONS_DIR/*/weave_moe_ext*.so | head -1)
+  echo "SASS: $(cuobjdump -sass $so | grep -c HGMMA) HGMMA, $(cuobjdump -sass $so | grep -c ' HMMA') HMMA" | tee -a $OUT/build.log
 fi
 if has test2; then
   timeout 400 torchrun --nproc_per_node=2 tests/kernel/gpu_worker.py --trace-dir $OUT > $OUT/test2.log 2>&1; echo "test2 rc $?"

@@ -18,15 +18,17 @@ TORCH_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_launcher_compiles_for_sm90a(tmp_path):
+@pytest.mark.parametrize("mainloop", [[], ["-DWEAVE_MMA_SYNC"]], ids=["wgmma", "mma_sync"])
+def test_launcher_compiles_for_sm90a(tmp_path, mainloop):
     out = tmp_path / "launch.o"
     r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-DNDEBUG",
-                        "--expt-relaxed-constexpr", *TORCH_DEFINES, "-Xptxas", "-v", "-c",
+                        "--expt-relaxed-constexpr", *TORCH_DEFINES, *mainloop, "-Xptxas", "-v", "-c",
                         str(CSRC / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "spill" in r.stderr
     spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert spills and max(spills) == 0, r.stderr  # the GEMM accumulators must stay in registers
+    assert "C7510" not in r.stderr  # wgmma serialised (e.g. missing -DNDEBUG)
 
 
 def _cxx():

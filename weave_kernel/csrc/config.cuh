@@ -26,9 +26,10 @@ struct Config {
   static constexpr int kSmemA = kBlockM * kBlockK * 2;
   static constexpr int kSmemB = kBlockN * kBlockK * 2;
   static constexpr int kSmemStage = kSmemA + kSmemB;
-  static constexpr int kSmemPipe = kStages * kSmemStage;       // dynamic shared memory
+  static constexpr int kSmemPipe = kStages * kSmemStage;       // pipeline stages (1024-byte aligned)
+  static constexpr int kSmemDynamic = kSmemPipe + 1024;        // + slack to align the base to 1024 bytes
   static constexpr int kEpiStride = kBlockN + 8;               // bf16 per staged output row (padded)
-  static constexpr int kCopyUnroll = 4;                        // 16-byte loads in flight per thread
+  static constexpr int kCopyUnroll = 8;                        // 16-byte loads in flight per thread
 
   static_assert(kWarpsM * kWarpsN == kWarps, "warp grid must cover the CTA");
   static_assert(kBlockK * 2 == 128, "swizzle assumes 128-byte smem rows (8 chunks of 16 bytes)");

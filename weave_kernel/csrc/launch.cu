@@ -9,21 +9,21 @@ constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 
 extern "C" int weave_moe_launch(const weave::Params* params, void* stream) {
   const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
-  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemPipe);
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
   if (err != cudaSuccess) return static_cast<int>(err);
   void* args[] = {const_cast<weave::Params*>(params)};
   err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
-                                    weave::Config::kSmemPipe, static_cast<cudaStream_t>(stream));
+                                    weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
   return static_cast<int>(err);
 }
 
 // CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
 extern "C" int weave_moe_max_ctas(int device) {
   const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemPipe) != cudaSuccess)
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) != cudaSuccess)
     return -1;
   int per_sm = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, weave::Config::kThreads, weave::Config::kSmemPipe) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, weave::Config::kThreads, weave::Config::kSmemDynamic) !=
       cudaSuccess)
     return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;

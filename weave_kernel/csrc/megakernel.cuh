@@ -180,7 +180,9 @@ __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s
 }
 
 __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __grid_constant__ Params p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // SW128 tiles need 1024-byte aligned bases whatever the static shared memory before them
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ SharedLayout s;
   if (threadIdx.x == 0) s.tl_count = 0;
   __syncthreads();

@@ -1,0 +1,75 @@
+// Operand staging shared by both tile mainloops: a kStages-deep cp.async pipeline that fills 128-byte
+// XOR-swizzled smem rows (the SW128 K-major layout wgmma reads). A and B rows are given per row (offset + valid
+// bit) so that the same loop serves GEMM0 (gate/up rows) and GEMM1, with rows past the end zero-filled.
+// Framework-free.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+
+namespace weave {
+
+using C = Config;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of smem row `row` (128-byte rows, XOR swizzle on row % 8).
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Rows of A and B that this thread copies every stage, resolved once per tile: 32-bit element offsets from
+// two base pointers (an operand never spans more than 2^31 elements) plus a valid bit per row, to keep the
+// 128 accumulators and the fragments in registers.
+struct TileOperands {
+  static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / C::kThreads;  // 4
+  static constexpr int kBChunks = C::kBlockN * C::kBlockK / 8 / C::kThreads;  // 8
+  static_assert(kAChunks + kBChunks <= 32, "valid bits live in one word");
+  const bf16* a_base;
+  const bf16* b_base;
+  int32_t a_off[kAChunks];
+  int32_t b_off[kBChunks];
+  uint32_t valid;  // bit i: A chunk i; bit kAChunks + i: B chunk i
+  __device__ __forceinline__ void set_a(int i, bool ok, int32_t off) {
+    a_off[i] = ok ? off : 0;
+    valid |= ok ? 1u << i : 0u;
+  }
+  __device__ __forceinline__ void set_b(int i, bool ok, int32_t off) {
+    b_off[i] = ok ? off : 0;
+    valid |= ok ? 1u << (kAChunks + i) : 0u;
+  }
+};
+
+__device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem, int stage, int k0) {
+  uint8_t* sa = smem + stage * C::kSmemStage;
+  uint8_t* sb = sa + C::kSmemA;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int c = threadIdx.x + i * C::kThreads;
+    const int row = c >> 3, chunk = c & 7;
+    const bool ok = (op.valid >> i) & 1u;
+    const bf16* src = op.a_base + op.a_off[i] + (ok ? k0 + chunk * 8 : 0);
+    cp_async_16(smem_u32(sa + swz(row, chunk)), src, ok);
+  }
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) {
+    const int c = threadIdx.x + i * C::kThreads;
+    const int row = c >> 3, chunk = c & 7;
+    const bool ok = (op.valid >> (TileOperands::kAChunks + i)) & 1u;
+    const bf16* src = op.b_base + op.b_off[i] + (ok ? k0 + chunk * 8 : 0);
+    cp_async_16(smem_u32(sb + swz(row, chunk)), src, ok);
+  }
+}
+
+}  // namespace weave
