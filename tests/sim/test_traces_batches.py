@@ -94,6 +94,13 @@ def test_routing_for_synthetic_uses_the_model_geometry():
     assert routing_for("mixtral-8x7b", 64, synthetic="zipf", s=1.5).shape == (64, 32, 2)
 
 
+def test_routing_for_fitted_decode_has_no_reuse():
+    from weave_sim.traces import token_reuse
+    prefill = routing_for("gpt-oss-20b", 3000, synthetic="fitted", mode="prefill", seed=1)
+    decode = routing_for("gpt-oss-20b", 3000, synthetic="fitted", mode="decode", seed=1)
+    assert token_reuse(prefill).mean() > 0.35 and token_reuse(decode).mean() < 0.25
+
+
 def test_routing_for_default_skew_is_realistic():
     ids = routing_for("deepseek-v3", 16384, seed=0)
     loads = np.stack([np.bincount(ids[:, layer].ravel(), minlength=256) for layer in range(ids.shape[1])])

@@ -107,18 +107,22 @@ def routing_for(model: str | ModelPreset, num_tokens: int, *, trace=None, synthe
         formed from it by `mode` ("prefill" or "decode"). A trace must fit the model.
     Without a trace: the `synthetic` generator (see `generators.GENERATORS`) with the model's geometry,
         `seed` and `params`; the default, zipf with no params, aims at an expected max/mean expert load of
-        DEFAULT_IMBALANCE (2.0) in every layer.
+        DEFAULT_IMBALANCE (2.0) in every layer. Synthetic tokens are independent except in `fitted`, whose
+        token-to-token reuse is turned off (reuse=0 unless given) in decode mode.
     Returns topk_ids int64 `[num_tokens, num_moe_layers, top_k]`, experts in [0, num_experts),
     distinct within each token's top-k.
     """
     preset = model if isinstance(model, ModelPreset) else get_model(model)
+    if mode not in BATCH_MODES:
+        raise ValueError(f"mode must be one of {BATCH_MODES}, got {mode!r}")
     if trace is None:
+        if mode == "decode" and synthetic == "fitted":
+            # A decode batch holds one token of each request: no token follows another of its request.
+            params.setdefault("reuse", 0.0)
         return generate(synthetic, num_experts=preset.num_experts, top_k=preset.top_k,
                         num_layers=preset.num_moe_layers, num_tokens=num_tokens, seed=seed, **params).topk_ids
     if params:
         raise ValueError(f"generator params {sorted(params)} given together with a trace")
-    if mode not in BATCH_MODES:
-        raise ValueError(f"mode must be one of {BATCH_MODES}, got {mode!r}")
     if isinstance(trace, (str, Path)):
         trace = load_trace(trace, model=preset.name)  # validated against the model while loading
     else:
