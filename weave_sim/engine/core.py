@@ -4,11 +4,11 @@ Contract of `LayerSim.run()`: every task of the graph runs exactly once; a task 
 dependencies have ended (plus `signal` ns when a dependency finished on another GPU, plus a barrier's own
 delay); an SM runs one task at a time. Time is integer ns on SimPy's own event queue.
 
-Claiming. Ready tasks wait in per-GPU heaps, one per claim class (control, comm, GEMM, reduce), ordered by
-(priority, task id). A worker that finishes a task claims the next one allowed to its role:
-    comm role:    control, comm, [GEMM if the plan steals bubbles], reduce
+Claiming. Ready tasks wait in per-GPU heaps, one per queue (control, dispatch, GEMM, reduce, combine),
+ordered by (priority, task id). A worker that finishes a task claims the next one allowed to its role:
+    comm role:    control, dispatch, combine, [GEMM if the plan steals bubbles], reduce
     compute role: GEMM, [combine once every GEMM task of its GPU is claimed, if all SMs join combine], reduce
-    any role (sequential plans, every SM): control, comm, GEMM, reduce
+    any role (sequential plans, every SM): control, dispatch, combine, GEMM, reduce
 A worker that finds nothing parks on its own event. When tasks become ready, parked workers are woken
 role by role (compute before comm, so stolen GEMM tasks only go to comm SMs no compute SM wants), most
 recently parked first (a LIFO stack). Barriers take no SM: they end when their dependencies have
@@ -24,9 +24,12 @@ import numpy as np
 import simpy
 
 from ..profile import HardwareProfile
-from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, K_DISPATCH, TaskGraph
+from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, TaskGraph
 from .hardware import ROLE_ANY, ROLE_COMM, ROLE_COMPUTE, NVLinkFabric
 from .plan import Plan
+
+
+_Q_COMBINE = 4  # queue index of combine tasks (queues 0-3 are the claim classes C_CTRL..C_REDUCE)
 
 
 class _CountingEnv(simpy.Environment):
@@ -62,6 +65,9 @@ class LayerSim:
         self._claim = int(fx["task_claim"])
         self._dur = dur.tolist()
         self._cls = cls.tolist()
+        slot = cls.copy()
+        slot[graph.kind == K_COMBINE] = _Q_COMBINE  # combine waits apart from dispatch (compute SMs may join it)
+        self._slot = slot.tolist()
         self._kind = graph.kind.tolist()
         self._gpu = graph.gpu.tolist()
         self._peer = graph.peer.tolist()
@@ -76,15 +82,15 @@ class LayerSim:
         self.end_ns = [-1] * T
         self.sm = [-1] * T
         self.run_count = [0] * T  # times each task was executed (the tests check it is exactly 1)
-        self._queues = [[[] for _ in range(4)] for _ in range(G)]
+        self._queues = [[[] for _ in range(5)] for _ in range(G)]
         self._idle = [[[] for _ in range(3)] for _ in range(G)]
         self._gemm_left = np.bincount(graph.gpu[cls == C_GEMM], minlength=G).tolist()
         self._touched: set[int] = set()
         self._all_join = plan.all_join_combine
         steal = [C_GEMM] if plan.steal else []
-        self._allowed = {ROLE_COMM: [C_CTRL, C_COMM, *steal, C_REDUCE],
-                         ROLE_COMPUTE: [C_GEMM, C_COMM, C_REDUCE] if plan.all_join_combine else [C_GEMM, C_REDUCE],
-                         ROLE_ANY: [C_CTRL, C_COMM, C_GEMM, C_REDUCE]}
+        self._allowed = {ROLE_COMM: [C_CTRL, C_COMM, _Q_COMBINE, *steal, C_REDUCE],
+                         ROLE_COMPUTE: [C_GEMM, _Q_COMBINE, C_REDUCE] if plan.all_join_combine else [C_GEMM, C_REDUCE],
+                         ROLE_ANY: [C_CTRL, C_COMM, _Q_COMBINE, C_GEMM, C_REDUCE]}
         self.roles = np.full((G, N), ROLE_ANY, dtype=np.int8)
         if not plan.sequential:
             for g, c in enumerate(plan.num_comm_sms):
@@ -139,7 +145,7 @@ class LayerSim:
             heap = queues[c]
             if not heap:
                 continue
-            if c == C_COMM and role == ROLE_COMPUTE and self._gemm_left[g] > 0:
+            if c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0:
                 continue  # compute SMs join combine only after the last GEMM task is claimed
             t = heapq.heappop(heap)[1]
             if c == C_GEMM:
@@ -176,7 +182,7 @@ class LayerSim:
                 self._finish(t)
             return
         g = self._gpu[t]
-        heapq.heappush(self._queues[g][self._cls[t]], (self._prio[t], t))
+        heapq.heappush(self._queues[g][self._slot[t]], (self._prio[t], t))
         self._touched.add(g)
 
     def _finish(self, t: int) -> None:

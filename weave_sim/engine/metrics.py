@@ -41,6 +41,7 @@ class LayerResult:
     bytes_out: np.ndarray
     bytes_in: np.ndarray
     critical_path_ns: int
+    critical_path_gpu_ns: np.ndarray  # [G]: the longest chain ending in a task of that GPU
     binding_path_ns: dict
     num_tasks: int
     num_events: int
@@ -72,6 +73,7 @@ class LayerResult:
             "nvlink_util_out": self.nvlink_util_out.tolist(),
             "nvlink_util_in": self.nvlink_util_in.tolist(),
             "critical_path_us": self.critical_path_ns / 1e3,
+            "critical_path_gpu_us": (self.critical_path_gpu_ns / 1e3).tolist(),
             "binding_path_us": {k: v / 1e3 for k, v in self.binding_path_ns.items()},
             "num_tasks": self.num_tasks, "num_events": self.num_events, "wall_s": self.wall_s,
             "candidates": [{"label": lab, "latency_us": t / 1e3} for lab, t in self.candidates],
@@ -104,12 +106,15 @@ def summarize(policy: str, plan: Plan, graph: TaskGraph, start, end, sm, roles: 
     bytes_out = np.bincount(gpu[is_tx], weights=graph.nbytes[is_tx], minlength=G)
     bytes_in = np.bincount(graph.peer[is_tx], weights=graph.nbytes[is_tx], minlength=G)
     overlap = np.array([_overlap(start, end, is_tx & (gpu == g), (cls == C_GEMM) & (gpu == g)) for g in range(G)])
+    chain = chain_end_ns(graph, start, end, signal_ns)
+    cp_gpu = np.zeros(G, dtype=np.int64)
+    np.maximum.at(cp_gpu, gpu, chain)
     return LayerResult(
         policy=policy, plan=plan, latency_ns=int(lat.max()), gpu_latency_ns=lat, busy_ns=busy, idle_ns=idle,
         busy_by_kind_ns=by_kind, bubble_fraction=idle.sum(axis=1) / (span * N), overlap_fraction=overlap,
         nvlink_util_out=bytes_out / (span * nvlink_peak_gbs), nvlink_util_in=bytes_in / (span * nvlink_peak_gbs),
         bytes_out=bytes_out, bytes_in=bytes_in,
-        critical_path_ns=critical_path_ns(graph, start, end, signal_ns),
+        critical_path_ns=int(cp_gpu.max(initial=0)), critical_path_gpu_ns=cp_gpu,
         binding_path_ns=binding_path(graph, start, end, signal_ns),
         num_tasks=graph.num_tasks, num_events=num_events, wall_s=wall_s, graph=graph, start_ns=start,
         end_ns=end, sm=sm, roles=roles, nvlink_samples=samples or [],
@@ -139,11 +144,12 @@ def _edge_delay(graph: TaskGraph, signal_ns: int) -> np.ndarray:
     return np.where(graph.gpu[graph.edge_src] != graph.gpu[graph.dep_idx], signal_ns, 0)
 
 
-def critical_path_ns(graph: TaskGraph, start, end, signal_ns: int) -> int:
-    """Longest path through the DAG with realised durations (see module docstring)."""
+def chain_end_ns(graph: TaskGraph, start, end, signal_ns: int) -> np.ndarray:
+    """[T]: length of the longest dependency chain ending with each task, with realised durations, signal
+    latencies and barrier delays but no queueing for an SM (its max is the critical path)."""
     dur = np.asarray(end) - np.asarray(start)
     if graph.dep_idx.size == 0:
-        return int(dur.max(initial=0))
+        return dur
     order = np.argsort(graph.dep_idx, kind="stable")
     dst = graph.dep_idx[order]
     src = graph.edge_src[order]
@@ -151,14 +157,13 @@ def critical_path_ns(graph: TaskGraph, start, end, signal_ns: int) -> int:
     heads = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
     targets = dst[heads]
     fin = dur.copy()
-    for _ in range(graph.num_tasks + 1):  # relaxation converges in (DAG depth) rounds
-        best = np.maximum.reduceat(fin[src] + w, heads)
+    for _ in range(graph.num_tasks + 1):  # Bellman-Ford style relaxation; converges in (DAG depth) rounds
         new = dur.copy()
-        new[targets] += best
+        new[targets] += np.maximum.reduceat(fin[src] + w, heads)
         if np.array_equal(new, fin):
             break
         fin = new
-    return int(fin.max())
+    return fin
 
 
 def binding_path(graph: TaskGraph, start, end, signal_ns: int) -> dict:

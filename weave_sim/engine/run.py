@@ -110,6 +110,19 @@ class ModelResult:
         return {"model": self.model, "policy": self.policy, "total_us": self.total_ns / 1e3,
                 "layers": [r.to_dict() for r in self.layers]}
 
+    def format(self) -> str:
+        """One line per layer: latency, comm SMs (min-max over GPUs), chunks, bubbles, overlap, critical path."""
+        rows = [f"# {self.model}, policy {self.policy}: total {self.total_ns / 1e3:.1f} us over "
+                f"{len(self.layers)} layers",
+                f"{'layer':>5} {'latency us':>11} {'comm SMs':>9} {'K':>5} {'bubble':>7} {'overlap':>8} {'crit us':>9}"]
+        for r in self.layers:
+            c, k = r.plan.num_comm_sms, r.plan.num_chunks
+            cs = "all" if r.plan.sequential else (f"{min(c)}" if min(c) == max(c) else f"{min(c)}-{max(c)}")
+            ks = f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}"
+            rows.append(f"{r.layer:>5} {r.latency_ns / 1e3:>11.1f} {cs:>9} {ks:>5} {r.bubble_fraction.mean():>7.3f}"
+                        f" {r.overlap_fraction.mean():>8.3f} {r.critical_path_ns / 1e3:>9.1f}")
+        return "\n".join(rows)
+
 
 def _progress(it, enabled: bool, total: int, desc: str):
     if not enabled:
