@@ -14,6 +14,7 @@ loads completely or raises `TraceError` naming the problem.
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +264,14 @@ def save_trace(path, trace: RoutingTrace) -> Path:
             arrays[name] = value.astype(_smallest_int(value, (np.int32, np.int64)))
     arrays["metadata"] = np.array(json.dumps(trace.metadata, sort_keys=True))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:  # a file handle stops numpy from appending ".npz" to other names
-        np.savez_compressed(fh, **arrays)
+    # Write beside the target and rename, so a failed write never leaves a truncated trace behind.
+    # A file handle (not a name) also stops numpy from appending ".npz" to other suffixes.
+    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp_path, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
     return path
