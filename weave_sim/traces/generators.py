@@ -10,6 +10,8 @@ where the returned params are the resolved values (JSON-able), recorded in the t
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from weave_sim.traces import sampling
@@ -181,6 +183,18 @@ def fit_params(trace: RoutingTrace, num_experts: int | None = None) -> dict:
             "reuse": np.nan_to_num(token_reuse(trace.topk_ids, trace.request_id)).tolist()}
 
 
+@functools.lru_cache(maxsize=1)
+def _default_fit_params_cached() -> tuple:
+    from weave_sim.traces.shipped import default_trace
+
+    return tuple(fit_params(default_trace()).items())
+
+
+def _default_fit_params() -> dict:
+    """fit_params of the shipped subset, measured once per process (a fresh dict each call)."""
+    return {key: list(value) for key, value in _default_fit_params_cached()}
+
+
 def fitted(rng, num_experts, top_k, num_layers, num_tokens, *, source=None, imbalance=None, reuse=None,
            zipf_s=None, match="imbalance"):
     """Routing with a real trace's per-layer skew and token-to-token reuse, for any geometry.
@@ -194,12 +208,9 @@ def fitted(rng, num_experts, top_k, num_layers, num_tokens, *, source=None, imba
     """
     if imbalance is None or reuse is None or (match == "zipf" and zipf_s is None):
         if source is None:
-            from weave_sim.traces.shipped import default_trace
-
-            source = default_trace()
-        elif not isinstance(source, RoutingTrace):
-            source = load_trace(source)
-        measured = fit_params(source)
+            measured = _default_fit_params()
+        else:
+            measured = fit_params(source if isinstance(source, RoutingTrace) else load_trace(source))
         imbalance = measured["imbalance"] if imbalance is None else imbalance
         reuse = measured["reuse"] if reuse is None else reuse
         zipf_s = measured["zipf_s"] if zipf_s is None else zipf_s
