@@ -80,7 +80,8 @@ def resolve(cfg: RunConfig) -> Resolved:
     profile = load_profile(cfg.profile)
     num_tokens = cfg.num_gpus * cfg.tokens_per_gpu
     if cfg.trace is not None:
-        trace = traces.default_trace() if cfg.trace == "default" else traces.load_trace(cfg.trace, model=cfg.model)
+        path = traces.DEFAULT_TRACE if cfg.trace == "default" else cfg.trace
+        trace = traces.load_trace(path, model=cfg.model)  # a --model that contradicts the trace is an error
         model = get_model(trace.model or cfg.model or DEFAULT_MODEL)
         routing = traces.routing_for(model, num_tokens, trace=trace, mode=cfg.mode, seed=cfg.seed)
         source = f"trace {cfg.trace} ({cfg.mode} batch)"

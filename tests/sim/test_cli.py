@@ -50,3 +50,8 @@ def test_trace_model_mismatch(tmp_path, capsys):
     path = save_trace(tmp_path / "t.npz", RoutingTrace(topk_ids=ids, metadata={"model": "mixtral-8x7b"}))
     assert main(["costmodel", "--trace", str(path), "--model", "gpt-oss-20b", "--out", str(tmp_path)]) == 2
     assert "mixtral" in capsys.readouterr().err
+
+
+def test_default_trace_with_other_model_is_an_error(tmp_path, capsys):
+    assert main(["costmodel", "--trace", "default", "--model", "deepseek-v3", "--out", str(tmp_path)]) == 2
+    assert "mismatch" in capsys.readouterr().err
