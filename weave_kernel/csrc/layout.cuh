@@ -15,7 +15,7 @@ struct SharedLayout {
                                                             // BM-padded segment sizes
   int ebase[Config::kMaxExperts + 1];  // scan of this rank's counts: base of expert e in sorted_pair
   int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, (step i, le) order
-  int dq[Config::kMaxExperts + 1];     // scan of row blocks this rank dispatches, (step i, le) order
+  int dq[Config::kMaxExperts + 1];     // scan of row blocks this rank sends to other ranks, (step i, le) order
   int hist[Config::kMaxExperts];       // routing histogram, then this CTA's per-expert base
   int pair[Config::kBlockM];           // pair ids of the rows of the current block
   int scan_tmp[Config::kWarps + 1];
@@ -107,12 +107,13 @@ struct LayoutView {
     b.row0 = segment_row0(p.rank, b.le, b.src) + b.slot0;
     return b;
   }
-  // idx-th row block this rank dispatches (destinations r, r+1, ..., then local expert, then block).
+  // idx-th row block this rank sends (destinations r+1, r+2, ..., then local expert, then block). Rows for
+  // this rank's own experts are never copied: GEMM0 gathers them straight from x.
   __device__ RowBlock dispatch_block(int idx) const {
     const int G = p.world, El = p.num_local_experts;
-    const int q = find_segment(s.dq, G * El, idx);
+    const int q = find_segment(s.dq, (G - 1) * El, idx);
     RowBlock b;
-    const int step = q / El;
+    const int step = 1 + q / El;
     b.le = q % El;
     b.src = p.rank;
     b.dst = (p.rank + step) % G;
@@ -124,7 +125,7 @@ struct LayoutView {
     return b;
   }
   __device__ int num_compute_blocks() const { return s.tq[p.world * p.num_local_experts]; }
-  __device__ int num_dispatch_blocks() const { return s.dq[p.world * p.num_local_experts]; }
+  __device__ int num_dispatch_blocks() const { return s.dq[(p.world - 1) * p.num_local_experts]; }
 };
 
 // Fill rowoff, tq and dq from cnt (all threads). Returns false (error raised) if a receive buffer overflows.
@@ -146,9 +147,9 @@ __device__ __forceinline__ bool build_layout(SharedLayout& s, const Params& p) {
       },
       s.tq, s.scan_tmp);
   block_scan(
-      G * El,
+      (G - 1) * El,
       [&](int q) {
-        const int dst = (p.rank + q / El) % G;
+        const int dst = (p.rank + 1 + q / El) % G;
         return ceil_div(s.cnt[p.rank * E + owner_experts[dst * El + q % El]], BM);
       },
       s.dq, s.scan_tmp);

@@ -86,25 +86,41 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   }
 }
 
+// Pair ids (token * top_k + j on the source) of a computed block's rows into s.pair. Local rows come from
+// this rank's sorted pair list, received rows from the metadata the source pushed with them.
+__device__ __forceinline__ void load_block_pairs(const Params& p, SharedLayout& s, const RowBlock& b) {
+  if (threadIdx.x < b.num_rows)
+    s.pair[threadIdx.x] = b.src == p.rank
+                              ? __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x)
+                              : __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+}
+
 // ---- GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
 __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
                                            int col_block, uint16_t role) {
   const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
+  const bool local = b.src == p.rank;
   const uint64_t t0 = tl_now(p);
-  if (!cta_wait_flag_sys(p, sym<uint64_t>(p, p.rank, p.off_blk_flag) + rb, p.epoch, kErrTimeoutRows, rb, b.src,
-                         &s.ok))
+  if (!local && !cta_wait_flag_sys(p, sym<uint64_t>(p, p.rank, p.off_blk_flag) + rb, p.epoch, kErrTimeoutRows, rb,
+                                   b.src, &s.ok))
     return false;
   tl_wait(p, s, t0, role, rb, col_block);
   const uint64_t t1 = tl_now(p);
+  if (local) {  // gather this rank's own rows straight from x
+    load_block_pairs(p, s, b);
+    __syncthreads();
+  }
 
   TileOperands op;
   op.valid = 0;
-  op.a_base = sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0) * H;
+  op.a_base = local ? reinterpret_cast<const bf16*>(p.x)
+                    : sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0) * H;
   op.b_base = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
 #pragma unroll
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.set_a(i, m < b.num_rows, m * H);
+    const bool ok = m < b.num_rows;
+    op.set_a(i, ok, local ? (ok ? s.pair[m] / p.top_k : 0) * H : m * H);
   }
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) {
@@ -151,8 +167,7 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
   tl_wait(p, s, t0, role, rb, col_block);
   const uint64_t t1 = tl_now(p);
 
-  if (threadIdx.x < b.num_rows)
-    s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  load_block_pairs(p, s, b);
 
   TileOperands op;
   op.valid = 0;
@@ -198,8 +213,7 @@ __device__ __forceinline__ void post_combine_flags(const Params& p) {
 // ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
 __device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const RowBlock& b) {
   const int row_chunks = p.hidden / 8;
-  if (threadIdx.x < b.num_rows)
-    s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  load_block_pairs(p, s, b);
   __syncthreads();
   const int4* out = sym<const int4>(p, p.rank, p.off_recv_x);
   int4* comb = sym<int4>(p, b.src, p.off_comb);
