@@ -27,8 +27,8 @@ if has probe; then
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    timeout 300 compute-sanitizer --tool $tool --target-processes all torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/sanitize_$tool.log 2>&1
-    echo "sanitize $tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY" $OUT/sanitize_$tool.log | tail -3
+    timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --target-processes all torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --sanitize > $OUT/sanitize_$tool.log 2>&1
+    echo "sanitize $tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY|PASS|FAIL" $OUT/sanitize_$tool.log | tail -6
   done
 fi
 if has bench; then

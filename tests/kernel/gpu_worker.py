@@ -187,12 +187,19 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases")
     ap.add_argument("--trace-dir", default=None)
+    ap.add_argument("--sanitize", action="store_true", help="one tiny case (for compute-sanitizer)")
     args = ap.parse_args()
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     world = dist.get_world_size()
     torch.manual_seed(0)
     # every preset geometry (H, I, k as in the model; fewer experts and tokens)
+    if args.sanitize:
+        run_case("sanitize E4 k2", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
+                 policies=("sequential", "static:16"), repeats=2)
+        log(f"SUMMARY: {len(FAILURES)} failures")
+        dist.destroy_process_group()
+        return 1 if FAILURES else 0
     models = ["deepseek-v3", "phi-3.5-moe", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "deepseek-v2-lite",
               "deepseek-v2", "gpt-oss-20b", "mixtral-8x7b", "olmoe-1b-7b"]
     if args.quick:
