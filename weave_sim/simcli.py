@@ -1,19 +1,81 @@
-"""`weave-sim simulate` and `weave-sim sweep`."""
+"""`weave-sim simulate` and `weave-sim sweep`: the discrete-event engine from the command line."""
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
+import numpy as np
+
+from . import costmodel as cm
 from .config import add_run_arguments, config_from_args, resolve
-from .report import format_table, write_json
+from .engine import plot_gantt, plot_latency_vs_c, policy_names, simulate_layer, simulate_model, sweep, write_chrome_trace
+from .report import write_json
+from .workload import layer_workload, model_workloads
+
+
+def _progress(args) -> bool:
+    return not args.quiet and sys.stderr.isatty()
+
+
+def _lower_bounds_ns(res) -> np.ndarray:
+    vol = cm.Volumes.from_workloads(model_workloads(res.routing, res.model, res.placement), res.profile)
+    return cm.lower_bound_ns(vol, res.profile).max(axis=1)
+
+
+def _layer_outputs(res, result, layer_pos: int, oracle: bool) -> list:
+    """Chrome trace, SM Gantt and latency-vs-c plot of one layer (re-simulated with the timeline kept)."""
+    out, layer = res.config.out, int(res.layer_ids[layer_pos])
+    w = layer_workload(res.routing[:, layer_pos, :], res.model, res.placement)
+    chosen = simulate_layer(w, res.profile, result.policy, seed=res.config.seed, record_timeline=True, layer=layer)
+    best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer) if oracle else None
+    return [
+        write_chrome_trace(chosen, out / f"timeline-layer{layer}.json"),
+        plot_gantt(chosen, out / f"gantt-layer{layer}.png"),
+        plot_latency_vs_c(w, res.profile, out / f"latency-vs-c-layer{layer}.png", chosen=chosen, oracle=best,
+                          seed=res.config.seed),
+    ]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .cli import analytic_table
-
     res = resolve(config_from_args(args))
-    headers, rows, payload = analytic_table(res)
-    print(format_table(headers, rows, f"{res.model.name}: analytic model (engine pending), routing {res.routing_source}"))
-    path = write_json(res.config.out / "simulate.json", {"config": res.describe(), "results": payload})
+    t0 = time.perf_counter()
+    result = simulate_model(res.routing, res.model, res.placement, res.profile, args.policy,
+                            seed=res.config.seed, progress=_progress(args))
+    wall_s = time.perf_counter() - t0
+    for pos, r in enumerate(result.layers):  # layer numbers of the model, not of the selection
+        r.layer = int(res.layer_ids[pos])
+    bound = _lower_bounds_ns(res)
+    print(f"# routing: {res.routing_source}; {res.placement.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens; "
+          f"profile {res.profile.name} ({res.profile.version})")
+    print(result.format())
+    total = result.total_ns
+    print(f"# lower bound {bound.sum() / 1e3:.1f} us = {bound.sum() / total:.1%} of the simulated {total / 1e3:.1f} us; "
+          f"simulated in {wall_s:.1f} s")
+    files = []
+    if not args.no_plots:
+        slowest = int(np.argmax([r.latency_ns for r in result.layers])) if args.timeline_layer is None else \
+            int(np.flatnonzero(res.layer_ids == args.timeline_layer)[0])
+        files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle)
+    payload = {"config": {**res.describe(), "policy": args.policy}, "results": result.to_dict(),
+               "lower_bound_us": (bound / 1e3).tolist(), "wall_s": wall_s, "files": [str(f) for f in files]}
+    path = write_json(res.config.out / "simulate.json", payload)
+    print("wrote " + ", ".join(str(p) for p in [path, *files]))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    res = resolve(config_from_args(args))
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    grid = tuple(int(c) for c in args.static_grid.split(","))
+    table = sweep(res.routing, res.model, res.placement, res.profile, policies, static_grid=grid,
+                  seed=res.config.seed, progress=_progress(args))
+    table.layers = [int(x) for x in res.layer_ids]
+    print(f"# {res.model.name}: {res.placement.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
+          f"routing {res.routing_source}, profile {res.profile.name}; latency in us")
+    print(table.format())
+    path = write_json(res.config.out / "sweep.json", {"config": {**res.describe(), "policies": policies},
+                                                      "results": table.to_dict()})
     print(f"wrote {path}")
     return 0
 
@@ -21,4 +83,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def add_sim_commands(sub) -> None:
     p = sub.add_parser("simulate", help="simulate every MoE layer of a model under one policy")
     add_run_arguments(p)
+    p.add_argument("--policy", default="weave", help=f"one of {policy_names()} (default weave)")
+    p.add_argument("--timeline-layer", type=int, default=None, help="layer for trace and plots (default: slowest)")
+    p.add_argument("--no-plots", action="store_true", help="skip the Chrome trace and PNGs")
+    p.add_argument("--no-oracle", action="store_true", help="leave the oracle point out of the latency-vs-c plot")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_simulate)
+    p = sub.add_parser("sweep", help="policies x layers table with speedups vs sequential and the best static split")
+    add_run_arguments(p)
+    p.add_argument("--policies", default="sequential,static:20,weave,oracle:fast")
+    p.add_argument("--static-grid", default="4,8,12,16,20,24,32,48,64", help="C values for the best static split")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_sweep)

@@ -31,9 +31,28 @@ def test_foreign_trace_simulates(tmp_path):
     ids = np.argsort(rng.random((300, 16, 64)), axis=2)[:, :, :8].astype(np.int16)
     path = tmp_path / "theirs.npz"
     np.savez(path, topk_ids=ids, metadata=json.dumps({"model": "olmoe-1b-7b", "source": "test"}), junk=np.arange(3))
-    assert main(["simulate", "--trace", str(path), "--gpus", "2", "--tokens", "128", "--out", str(tmp_path)]) == 0
+    assert main(["simulate", "--trace", str(path), "--gpus", "2", "--tokens", "128", "--layers", "0,5",
+                 "--no-oracle", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "simulate.json").read_text())
     assert data["config"]["model_preset"]["name"] == "olmoe-1b-7b"
+    assert [r["layer"] for r in data["results"]["layers"]] == [0, 5]
+    assert all(r["latency_us"] >= b for r, b in zip(data["results"]["layers"], data["lower_bound_us"]))
+    trace = json.loads(next(tmp_path.glob("timeline-layer*.json")).read_text())
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert events and {e["pid"] for e in events} == {0, 1}
+    assert {"gemm0", "gemm1", "dispatch"} <= {e["name"] for e in events}
+    assert len(list(tmp_path.glob("*.png"))) == 2
+
+
+def test_sweep_speedups(tmp_path, capsys):
+    rc = main(["sweep", "--model", "mixtral-8x7b", "--gpus", "2", "--tokens", "256", "--synthetic", "zipf",
+               "--layers", "1", "--policies", "sequential,static:16,weave", "--static-grid", "8,16,32",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "sweep.json").read_text())["results"]
+    assert data["policies"] == ["sequential", "static:16", "weave"] and data["best_static"] in (8, 16, 32)
+    assert data["speedup_vs_sequential_total"][0] == pytest.approx(1.0)
+    assert "best single static split" in capsys.readouterr().out
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
