@@ -34,6 +34,21 @@ def _routing(model, num_tokens: int, seed: int):
     return routing_for(small, num_tokens, seed=seed)[:, 0, :]
 
 
+_COMPONENTS = (  # (label, substring of the function's file or name), first match wins
+    ("engine core (claims, deps)", "engine/core.py"), ("NVLink fabric", "engine/hardware.py"),
+    ("DAG build", "engine/dag.py"), ("metrics", "engine/metrics.py"), ("SimPy event loop", "simpy"),
+    ("heapq", "heapq"), ("numpy", "numpy"),
+)
+
+
+def _by_component(stats: pstats.Stats) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (path, _line, func), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():
+        label = next((lab for lab, key in _COMPONENTS if key in path or key in func), "other")
+        out[label] = out.get(label, 0.0) + tottime
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="deepseek-v3")
@@ -63,9 +78,12 @@ def main(argv=None) -> int:
         pr.enable()
         simulate_layer(w, prof, args.policies[0], seed=args.seed)
         pr.disable()
+        stats = pstats.Stats(pr)
+        print(f"# where the time of {args.policies[0]} goes (cProfile own time by component, s)")
+        for part, secs in sorted(_by_component(stats).items(), key=lambda kv: -kv[1]):
+            print(f"{part:>34} {secs:8.3f}")
         out = io.StringIO()
         pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(args.profile_top)
-        print(f"# cProfile of {args.policies[0]} (sorted by own time)")
         print(out.getvalue())
     return 0
 

@@ -32,16 +32,6 @@ from .plan import Plan
 _Q_COMBINE = 4  # queue index of combine tasks (queues 0-3 are the claim classes C_CTRL..C_REDUCE)
 
 
-class _CountingEnv(simpy.Environment):
-    """simpy.Environment that counts scheduled events (for the events/s benchmark)."""
-
-    num_events = 0
-
-    def schedule(self, event, priority=1, delay=0):
-        self.num_events += 1
-        super().schedule(event, priority, delay)
-
-
 class LayerSim:
     """One simulation of `graph` under `plan` (see module docstring)."""
 
@@ -51,7 +41,8 @@ class LayerSim:
             raise ValueError(f"plan has {plan.num_gpus} GPUs, graph {graph.num_gpus}")
         plan.check(profile.num_sms)
         self.graph, self.plan, self.profile = graph, plan, profile
-        self.env = _CountingEnv()
+        self.env = simpy.Environment()
+        self._eid_seen: int | None = None
         self.fabric = NVLinkFabric(self.env, graph.num_gpus, profile, record=record_timeline)
         fx = profile.fixed_ns
         self.signal_ns = int(fx["signal"])
@@ -107,6 +98,7 @@ class LayerSim:
             for sm in range(N):
                 self.env.process(self._worker(g, sm, int(self.roles[g, sm])))
         self.env.run()
+        self._eid_seen = None
         missing = [t for t, e in enumerate(self.end_ns) if e < 0]
         if missing:
             raise RuntimeError(f"{len(missing)} tasks never ran under {self.plan.label} (first id {missing[0]})")
@@ -114,7 +106,13 @@ class LayerSim:
 
     @property
     def num_events(self) -> int:
-        return self.env.num_events
+        """Events scheduled on SimPy's queue so far (read from its tie-breaking counter; -1 if unavailable)."""
+        eid = getattr(self.env, "_eid", None)  # SimPy 4 numbers every scheduled event with this counter
+        if eid is None:
+            return -1
+        if self._eid_seen is None:
+            self._eid_seen = next(eid)  # reading consumes one id: remember the value, read once
+        return self._eid_seen
 
     def _worker(self, g: int, sm: int, role: int):
         env, fabric = self.env, self.fabric
