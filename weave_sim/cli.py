@@ -1,6 +1,6 @@
 """`weave-sim`: the simulator's command line.
 
-Commands: models, trace (stats/generate/convert), costmodel, simulate, sweep. Each prints a table and
+Commands: models, trace (stats/generate/convert), costmodel, simulate, sweep, validate, calibrate. Each prints a table and
 writes JSON (results plus the resolved configuration) under --out.
 """
 from __future__ import annotations
@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from . import costmodel as cm
-from .config import add_run_arguments, config_from_args, resolve
+from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
 from .presets import PRESETS, WEAVE_EVAL_MODELS
 from .report import format_table, write_json
 from .workload import model_workloads
@@ -69,6 +70,42 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .profile import load_profile
+    from .validate import summarize, validate_file
+
+    rows = validate_file(args.results, load_profile(args.profile), seed=args.seed)
+    table = []
+    for r in rows:
+        for pol, meas in r.measured_ms.items():
+            pred = r.predicted_ms.get(pol)
+            table.append([r.model, r.tokens_per_gpu, pol, meas * 1e3, "-" if pred is None else pred * 1e3,
+                          "-" if pred is None else f"{100 * (pred - meas) / meas:+.1f}%"])
+    print(format_table(["model", "tokens/GPU", "policy", "measured us", "predicted us", "error"], table,
+                       f"simulator (profile {args.profile}) vs kernel measurements in {args.results}"))
+    gains = [[r.model, r.tokens_per_gpu, "-" if r.regret_static is None else f"{100 * r.regret_static:.1f}%",
+              "-" if r.gain_predicted is None else r.gain_predicted, "-" if r.gain_measured is None else r.gain_measured]
+             for r in rows]
+    print(format_table(["model", "tokens/GPU", "regret of sim's static pick", "weave gain predicted", "measured"], gains))
+    for r in rows:
+        for note in r.notes:
+            print(f"note: {r.model}/{r.tokens_per_gpu}: {note}")
+    summary = summarize(rows)
+    print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
+    path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
+                                                   "configs": [r.to_dict() for r in rows]})
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate_file
+
+    prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name)
+    print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="weave-sim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("costmodel", help="per-layer (c*, K*) choice of the analytic cost model")
     add_run_arguments(p)
     p.set_defaults(func=cmd_costmodel)
+    p = sub.add_parser("validate", help="simulator predictions vs measured kernel benchmark results")
+    p.add_argument("results", type=Path, help="JSON written by python -m weave_kernel.bench")
+    p.add_argument("--profile", default="h200")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("calibrate", help="measurements of python -m weave_kernel.calibrate -> hardware profile")
+    p.add_argument("measurements", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
+    p.add_argument("--base", default="h200", help="profile supplying what was not measured")
+    p.add_argument("--name", default=None)
+    p.set_defaults(func=cmd_calibrate)
     _add_optional_commands(sub)
     return parser
 

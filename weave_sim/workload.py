@@ -183,6 +183,28 @@ def layer_workload(topk_ids, model: ModelPreset, placement: Placement) -> LayerW
     return LayerWorkload(model, placement, pair_counts, dispatch_rows, tokens)
 
 
+def workload_from_counts(source_expert_pairs, dispatch_rows, model: ModelPreset, placement: Placement,
+                         tokens_per_gpu) -> LayerWorkload:
+    """Rebuild a LayerWorkload from the counts a kernel exchanges (e.g. stored in a benchmark result).
+
+    source_expert_pairs: int [G_src, E], pairs of source s routed to expert e.
+    dispatch_rows: int [G_src, G_dst], distinct tokens of s that need GPU d.
+    tokens_per_gpu: int [G].
+    """
+    pairs = np.asarray(source_expert_pairs, dtype=np.int64)
+    rows = np.asarray(dispatch_rows, dtype=np.int64)
+    tokens = np.asarray(tokens_per_gpu, dtype=np.int64)
+    num_gpus, num_experts = placement.num_gpus, model.num_experts
+    if pairs.shape != (num_gpus, num_experts) or rows.shape != (num_gpus, num_gpus) or tokens.shape != (num_gpus,):
+        raise ValueError(f"counts must be [{num_gpus}, {num_experts}], [{num_gpus}, {num_gpus}] and [{num_gpus}]; "
+                         f"got {pairs.shape}, {rows.shape}, {tokens.shape}")
+    if (pairs < 0).any() or (rows < 0).any() or (pairs.sum(axis=1) != tokens * model.top_k).any():
+        raise ValueError("counts are inconsistent: negative, or pairs per source != tokens * top_k")
+    pair_counts = np.zeros((num_gpus, num_gpus, num_experts), dtype=np.int64)
+    pair_counts[:, placement.owner, np.arange(num_experts)] = pairs
+    return LayerWorkload(model, placement, pair_counts, rows, tokens)
+
+
 def model_workloads(routing, model: ModelPreset, placement: Placement) -> list[LayerWorkload]:
     """One LayerWorkload per layer from routing [num_tokens, num_layers, top_k]."""
     routing = np.asarray(routing)

@@ -144,3 +144,24 @@ def test_profile_errors_are_clear():
 def _tiny_vol():
     m = ModelPreset("t", 64, 64, 4, 2, 0, 1)
     return cm.Volumes.from_workloads([layer_workload(np.array([[0, 3]]), m, contiguous(4, 2))], PROFILE)
+
+
+@given(scenarios())
+def test_workload_round_trips_through_counts(sc):
+    from weave_sim.workload import workload_from_counts
+
+    model, placement, ids = sc
+    w = layer_workload(ids, model, placement)
+    w2 = workload_from_counts(w.pair_counts.sum(axis=1), w.dispatch_rows, model, placement, w.tokens_per_gpu)
+    assert (w2.pair_counts == w.pair_counts).all() and (w2.flops == w.flops).all()
+    assert (w2.dispatch_bytes_in == w.dispatch_bytes_in).all()
+
+
+def test_inconsistent_counts_rejected():
+    from weave_sim.workload import workload_from_counts
+
+    m = ModelPreset("t", 64, 64, 4, 2, 0, 1)
+    with pytest.raises(ValueError, match="inconsistent"):
+        workload_from_counts([[1, 0, 0, 0], [0, 0, 0, 2]], [[1, 0], [0, 1]], m, contiguous(4, 2), [1, 1])
+    with pytest.raises(ValueError, match="must be"):
+        workload_from_counts([[1, 1]], [[1]], m, contiguous(4, 2), [1])

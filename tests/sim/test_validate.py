@@ -1,0 +1,61 @@
+import json
+
+import numpy as np
+import pytest
+
+from weave_sim.cli import main
+from weave_sim.engine import simulate_layer
+from weave_sim.placement import contiguous
+from weave_sim.presets import ModelPreset
+from weave_sim.profile import load_profile
+from weave_sim.validate import validate_file
+from weave_sim.workload import layer_workload
+
+PROFILE = load_profile()
+
+
+def bench_file(tmp_path, factors):
+    """A kernel-benchmark-shaped file whose 'measured' times are the simulator's times scaled by factors."""
+    model = ModelPreset("m", 1024, 512, 8, 2, 0, 1)
+    rng = np.random.default_rng(3)
+    ids = np.argsort(rng.random((2 * 512, 8)), axis=1)[:, :2]
+    w = layer_workload(ids, model, contiguous(8, 2))
+    lat = {"reference": 9.0}
+    for pol, f in factors.items():
+        lat[pol] = simulate_layer(w, PROFILE, pol).latency_ns / 1e6 * f
+    res = {"model": "m", "tokens_per_gpu": 512, "gpus": 2, "experts": 8, "top_k": 2, "hidden": 1024, "inter": 512,
+           "latency_ms": lat, "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(),
+                                         "dispatch_rows": w.dispatch_rows.tolist(),
+                                         "tokens_per_gpu": w.tokens_per_gpu.tolist()}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"results": [res]}))
+    return path
+
+
+def test_errors_regret_and_gain(tmp_path):
+    # measured static:8 is 10% slower than predicted, static:32 exact, weave 25% slower
+    path = bench_file(tmp_path, {"static:8": 1.1, "static:32": 1.0, "weave": 1.25})
+    (row,) = validate_file(path, PROFILE)
+    err = row.errors()
+    assert err["static:8"] == pytest.approx(1 / 1.1 - 1) and err["static:32"] == pytest.approx(0, abs=1e-12)
+    pred = row.predicted_ms
+    sim_pick = min(("static:8", "static:32"), key=pred.get)
+    best = min(row.measured_ms["static:8"], row.measured_ms["static:32"])
+    assert row.regret_static == pytest.approx(row.measured_ms[sim_pick] / best - 1)
+    assert row.gain_measured == pytest.approx(best / row.measured_ms["weave"])
+
+
+def test_cli_validate(tmp_path, capsys):
+    path = bench_file(tmp_path, {"static:16": 1.0, "weave": 1.0})
+    assert main(["validate", str(path), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "median_abs_error 0.000" in out
+    assert json.loads((tmp_path / "validate.json").read_text())["summary"]["configs"] == 1
+
+
+def test_missing_counts_is_clear(tmp_path, capsys):
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps({"results": [{"model": "m", "tokens_per_gpu": 1, "gpus": 1, "experts": 1, "top_k": 1,
+                                          "hidden": 64, "inter": 64, "latency_ms": {}}]}))
+    assert main(["validate", str(p), "--out", str(tmp_path)]) == 2
+    assert "counts" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Simulator versus measured kernel: predicted and measured latency per configuration and policy.
+
+Input: the JSON of `python -m weave_kernel.bench` (run on the GPU machine). Each result must carry the
+counts the kernel exchanged (`counts`: `source_expert_pairs` [G, E], `dispatch_rows` [G, G],
+`tokens_per_gpu` [G]) and `latency_ms` per policy; the simulator rebuilds the same layer from the counts
+and simulates each measured policy. Reported per configuration: prediction error per policy, the regret
+of the simulator's best static split against the measured best (measured time of the simulator's pick over
+the measured best), and the gain of `weave` over the best static split, predicted and measured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .placement import contiguous
+from .presets import ModelPreset
+from .profile import HardwareProfile
+from .workload import workload_from_counts
+
+# kernel policy name -> simulator policy spec ("sequential" in the kernel is phase-separated inside one
+# launch, with no host round trip: the simulator's `sequential:fused`).
+KERNEL_TO_SIM = {"sequential": "sequential:fused"}
+
+
+def sim_policy(kernel_policy: str) -> str:
+    return KERNEL_TO_SIM.get(kernel_policy, kernel_policy)
+
+
+@dataclass
+class ConfigValidation:
+    model: str
+    tokens_per_gpu: int
+    gpus: int
+    measured_ms: dict
+    predicted_ms: dict
+    regret_static: float | None = None
+    gain_predicted: float | None = None
+    gain_measured: float | None = None
+    notes: list = field(default_factory=list)
+
+    def errors(self) -> dict:
+        return {p: (self.predicted_ms[p] - self.measured_ms[p]) / self.measured_ms[p] for p in self.predicted_ms}
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "relative_error": self.errors()}
+
+
+def _layer_from_result(r: dict):
+    model = ModelPreset(r["model"], int(r["hidden"]), int(r["inter"]), int(r["experts"]), int(r["top_k"]), 0, 1)
+    placement = contiguous(model.num_experts, int(r["gpus"]))
+    c = r.get("counts")
+    if c is None:
+        raise ValueError(f"result {r['model']}/{r['tokens_per_gpu']} has no 'counts': re-run the kernel benchmark")
+    return workload_from_counts(c["source_expert_pairs"], c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
+
+
+def validate_result(r: dict, profile: HardwareProfile, seed: int = 0) -> ConfigValidation:
+    from .engine import simulate_layer
+
+    w = _layer_from_result(r)
+    measured = {p: float(t) for p, t in r["latency_ms"].items() if p != "reference"}
+    out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})
+    for pol in measured:
+        try:
+            out.predicted_ms[pol] = simulate_layer(w, profile, sim_policy(pol), seed=seed).latency_ns / 1e6
+        except ValueError as exc:
+            out.notes.append(f"{pol}: not simulated ({exc})")
+    statics = sorted((p for p in out.predicted_ms if p.startswith("static:")), key=lambda p: int(p.split(":")[1]))
+    if statics:
+        sim_pick = min(statics, key=out.predicted_ms.get)
+        best_measured = min(measured[p] for p in statics)
+        out.regret_static = measured[sim_pick] / best_measured - 1.0
+        if "weave" in out.predicted_ms:
+            out.gain_predicted = min(out.predicted_ms[p] for p in statics) / out.predicted_ms["weave"]
+            out.gain_measured = best_measured / measured["weave"]
+    return out
+
+
+def validate_file(path, profile: HardwareProfile, seed: int = 0) -> list[ConfigValidation]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
+    if not data.get("results"):
+        raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
+    return [validate_result(r, profile, seed) for r in data["results"]]
+
+
+def summarize(rows: list[ConfigValidation]) -> dict:
+    errs = np.array([abs(e) for r in rows for e in r.errors().values()])
+    regrets = np.array([r.regret_static for r in rows if r.regret_static is not None])
+    return {
+        "configs": len(rows),
+        "median_abs_error": float(np.median(errs)) if errs.size else None,
+        "worst_abs_error": float(errs.max()) if errs.size else None,
+        "median_regret_static": float(np.median(regrets)) if regrets.size else None,
+    }
