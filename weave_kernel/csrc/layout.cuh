@@ -14,7 +14,9 @@ struct SharedLayout {
   int rowoff[Config::kMaxRanks * Config::kMaxExperts + 1];  // scan over (owner d, local le, source s) of
                                                             // BM-padded segment sizes
   int ebase[Config::kMaxExperts + 1];  // scan of this rank's counts: base of expert e in sorted_pair
-  int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, (step i, le) order
+  int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, (le, step i) order
+  int tk[2 * Config::kMaxExperts + 2]; // static policy: scan of tickets per segment (GEMM0 of expert i,
+                                       // GEMM1 of expert i - L)
   int dq[Config::kMaxExperts + 1];     // scan of row blocks this rank sends to other ranks, (step i, le) order
   int hist[Config::kMaxExperts];       // routing histogram, then this CTA's per-expert base
   int pair[Config::kBlockM];           // pair ids of the rows of the current block
@@ -91,13 +93,13 @@ struct LayoutView {
     const int G = p.world, El = p.num_local_experts;
     return s.rowoff[(owner * El + le) * G + src] - s.rowoff[owner * El * G];
   }
-  // idx-th row block this rank computes (tile order: sources r, r-1, ..., then local expert, then block).
+  // idx-th row block this rank computes (order: local expert, then sources r, r-1, ..., then block).
   __device__ RowBlock compute_block(int idx) const {
     const int G = p.world, El = p.num_local_experts;
     const int q = find_segment(s.tq, G * El, idx);
     RowBlock b;
-    const int step = q / El;
-    b.le = q % El;
+    const int step = q % G;
+    b.le = q / G;
     b.dst = p.rank;
     b.src = (p.rank - step + G) % G;
     b.expert = p.owner_experts[p.rank * El + b.le];
@@ -125,6 +127,19 @@ struct LayoutView {
     return b;
   }
   __device__ int num_compute_blocks() const { return s.tq[p.world * p.num_local_experts]; }
+  __device__ int expert_first_block(int le) const { return s.tq[le * p.world]; }
+  __device__ int expert_num_blocks(int le) const { return s.tq[(le + 1) * p.world] - s.tq[le * p.world]; }
+  // t-th tile of a phase that has `ncols` column blocks per row block, expert-major, then column block, then
+  // row block: consecutive tiles share one weight tile (read once from HBM, then from L2). Returns the row
+  // block index; *col gets the column block.
+  __device__ int expert_major_tile(int t, int ncols, int* col) const {
+    const int G = p.world;
+    const int le = find_segment(s.tq, G * p.num_local_experts, t / ncols) / G;
+    const int nblk = expert_num_blocks(le);
+    const int off = t - ncols * expert_first_block(le);
+    *col = off / nblk;
+    return expert_first_block(le) + off % nblk;
+  }
   __device__ int num_dispatch_blocks() const { return s.dq[(p.world - 1) * p.num_local_experts]; }
 };
 
@@ -142,8 +157,8 @@ __device__ __forceinline__ bool build_layout(SharedLayout& s, const Params& p) {
   block_scan(
       G * El,
       [&](int q) {
-        const int src = (p.rank - q / El + G) % G;
-        return ceil_div(s.cnt[src * E + owner_experts[p.rank * El + q % El]], BM);
+        const int src = (p.rank - q % G + G) % G;
+        return ceil_div(s.cnt[src * E + owner_experts[p.rank * El + q / G]], BM);
       },
       s.tq, s.scan_tmp);
   block_scan(

@@ -109,32 +109,41 @@ __device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) 
   return s.ticket;
 }
 
-// static:C compute loop. Ticket order: segment i holds GEMM0 tiles of block i, then GEMM1 tiles of block
-// i - L; S(i) = n0 * min(i, NB) + n1 * clamp(i - L, 0, NB) is the first ticket of segment i.
+// static:C compute loop. Tickets go expert by expert (so a weight tile is read from HBM once and reused from
+// L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1 tiles
+// of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its GEMM1.
+// Within a segment: column block, then row block (local rows first, then each source's).
 __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
-  const int NB = lv.num_compute_blocks();
+  const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
   const int num_compute = p.num_ctas - p.num_comm_ctas;
-  const int L = max(1, ceil_div(num_compute, n0));
-  const int total = NB * (n0 + n1);
+  const int L = min(El, max(1, ceil_div(num_compute, n0 * max(1, NB / El))));
+  const int num_seg = El + L;
+  block_scan(
+      num_seg,
+      [&](int i) {
+        return (i < El ? n0 * lv.expert_num_blocks(i) : 0) + (i >= L ? n1 * lv.expert_num_blocks(i - L) : 0);
+      },
+      s.tk, s.scan_tmp);
+  const int total = s.tk[num_seg];
   const int par = static_cast<int>(p.epoch & 1);
   uint32_t* ticket = p.sched + par * 4 + 0;
   uint32_t* done = p.sched + par * 4 + 2;
-  auto seg_start = [&](int i) { return n0 * min(i, NB) + n1 * min(max(i - L, 0), NB); };
   for (;;) {
     const int t = claim_ticket(s, ticket);
     if (t >= total) break;
-    int lo = 0, hi = NB + L;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (seg_start(mid) <= t) lo = mid; else hi = mid - 1;
-    }
-    int off = t - seg_start(lo);
-    if (lo < NB && off < n0) {
-      if (!gemm0_tile(p, s, smem, lv.compute_block(lo), off, kRoleCompute)) return false;
+    const int seg = find_segment(s.tk, num_seg, t);
+    int off = t - s.tk[seg];
+    const int g0_tiles = seg < El ? n0 * lv.expert_num_blocks(seg) : 0;
+    if (off < g0_tiles) {
+      const int nblk = lv.expert_num_blocks(seg);
+      const RowBlock b = lv.compute_block(lv.expert_first_block(seg) + off % nblk);
+      if (!gemm0_tile(p, s, smem, b, off / nblk, kRoleCompute)) return false;
     } else {
-      if (lo < NB) off -= n0;
-      if (!gemm1_tile(p, s, smem, lv.compute_block(lo - L), off, kRoleCompute, true)) return false;
+      off -= g0_tiles;
+      const int le = seg - L, nblk = lv.expert_num_blocks(le);
+      const RowBlock b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
+      if (!gemm1_tile(p, s, smem, b, off / nblk, kRoleCompute, true)) return false;
       if (threadIdx.x == 0) {
         __threadfence_system();
         if (atomicAdd(done, 1u) == static_cast<uint32_t>(NB * n1) - 1) post_combine_flags(p);
@@ -158,13 +167,17 @@ __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s
   for (;;) {
     const int t = claim_ticket(s, p.sched + par * 4 + 0);
     if (t >= NB * n0) break;
-    if (!gemm0_tile(p, s, smem, lv.compute_block(t / n0), t % n0, kRoleCompute)) return false;
+    int col;
+    const int blk = lv.expert_major_tile(t, n0, &col);
+    if (!gemm0_tile(p, s, smem, lv.compute_block(blk), col, kRoleCompute)) return false;
   }
   if (!grid_barrier(p, 3, &s.ok)) return false;
   for (;;) {
     const int t = claim_ticket(s, p.sched + par * 4 + 1);
     if (t >= NB * n1) break;
-    if (!gemm1_tile(p, s, smem, lv.compute_block(t / n1), t % n1, kRoleCompute, false)) return false;
+    int col;
+    const int blk = lv.expert_major_tile(t, n1, &col);
+    if (!gemm1_tile(p, s, smem, lv.compute_block(blk), col, kRoleCompute, false)) return false;
   }
   if (!grid_barrier(p, 4, &s.ok)) return false;
   for (int i = blockIdx.x; i < NB; i += p.num_ctas) {
