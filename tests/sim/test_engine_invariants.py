@@ -42,7 +42,8 @@ def scenarios(draw):
     opts = SimOptions(seed=draw(st.integers(0, 99)), jitter=draw(st.sampled_from([0.0, 0.3])),
                       tile_rows=draw(st.sampled_from([16, 32, 64])), tile_cols=draw(st.sampled_from([32, 64])),
                       comm_chunk_rows=draw(st.sampled_from([None, 8, 24])),
-                      gemm_tasks_per_sm=draw(st.sampled_from([None, 2, 32])))
+                      gemm_tasks_per_sm=draw(st.sampled_from([None, 2, 32])),
+                      dispatch_order=draw(st.sampled_from(["token", "expert"])))
     return w, profile, opts
 
 
@@ -140,7 +141,8 @@ def test_same_seed_same_timeline(scn, spec):
 def test_oracle_is_never_slower(scn):
     w, profile, opts = scn
     kw = dict(seed=opts.seed, jitter=opts.jitter, tile_rows=opts.tile_rows, tile_cols=opts.tile_cols,
-              comm_chunk_rows=opts.comm_chunk_rows, gemm_tasks_per_sm=opts.gemm_tasks_per_sm)
+              comm_chunk_rows=opts.comm_chunk_rows, gemm_tasks_per_sm=opts.gemm_tasks_per_sm,
+              dispatch_order=opts.dispatch_order)
     best = simulate_layer(w, profile, "oracle", **kw).latency_ns
     covered = ["sequential", "weave"] + [f"static:{c}" for c in oracle.STATIC_GRID if c < profile.num_sms]
     for spec in covered:

@@ -15,9 +15,11 @@ Tasks (ids are a topological order: every edge goes from a lower id to a higher 
     reduce             a slice of s's tokens: weighted sum over k result rows (HBM bound)
 
 Row layout. Expert e's rows on its owner g are grouped by source GPU in ring order g, g+1, ... (local rows
-first, as receive offsets are prefix sums of the exchanged counts). Rows of e from source s are spread
-evenly over the dispatch stream s->g (a token's position in the stream is proportional to its rank among
-e's tokens from s), so a row block waits on a contiguous range of that stream's chunks.
+first, as receive offsets are prefix sums of the exchanged counts). A stream s->g sends each token once,
+in one of two orders: 'token' (as the tokens sit on s: expert e's rows are spread evenly over the whole
+stream, so most row blocks complete late) or 'expert' (grouped by g's local expert, as a sender that sorts
+its rows by expert would; a token picking several experts on g is approximated as a fraction of a row in
+each). Either way a row block waits on a contiguous range of each source stream's chunks.
 
 Granularity. GEMM tiles are tile_rows x tile_cols outputs. To keep large layers fast, consecutive column
 tiles of one row block are batched into one task (run back to back by one SM, one claim cost per tile):
@@ -39,6 +41,7 @@ K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
 # Claim classes: which worker queue a task waits in.
 C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
 KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
+DISPATCH_ORDERS = ("token", "expert")  # see "Row layout" above
 _COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
 _FLOP_PER_NS_PER_TFLOPS = 1e3
 
@@ -151,10 +154,11 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
-                gemm_tasks_per_sm: int | None = 32) -> TaskGraph:
+                gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token") -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
+    dispatch_order: order of rows in each dispatch stream, one of DISPATCH_ORDERS.
     """
     G, N = w.num_gpus, profile.num_sms
     H, I = w.model.hidden_size, w.model.expert_ffn_size
@@ -186,7 +190,9 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         b.edges(disp, gate[st_dst])
 
     # Row blocks of every local expert, per GPU.
-    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr) for g in range(G)]
+    if dispatch_order not in DISPATCH_ORDERS:
+        raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {dispatch_order!r}")
+    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order) for g in range(G)]
     rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
     arrived = b.add(K_BARRIER, rb_gpu)
     b.edges(known[rb_gpu], arrived)
@@ -277,8 +283,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                        for g in range(G)})
 
 
-def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int) -> dict:
-    """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on."""
+def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str) -> dict:
+    """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on (see DISPATCH_ORDERS)."""
     le = w.placement.local_experts(g)
     seg_n = w.pair_counts[:, g, le][ring].T  # [experts, ring position]
     seg_end = np.cumsum(seg_n, axis=1)
@@ -298,11 +304,17 @@ def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: in
     stream_rows = w.dispatch_rows[ring[j], g]
     i_lo, i_hi = a[r, j] - ss[r, j], z[r, j] - ss[r, j]
 
+    if order == "token":  # e's rows from s are spread evenly over the whole stream
+        off, span = np.zeros_like(n), n
+    else:  # "expert": the stream carries expert 0's rows from s, then expert 1's, ...
+        off = (np.cumsum(seg_n, axis=0) - seg_n)[rb_e[r], j]
+        span = seg_n[:, j].sum(axis=0)
+
     def chunk_of(i):  # the dispatch chunk carrying the i-th row of expert e from this source
-        return ((2 * i + 1) * stream_rows // (2 * n)) // cr
+        return ((2 * (off + i) + 1) * stream_rows // (2 * span)) // cr
 
     ready = np.zeros(lo.size)
-    np.maximum.at(ready, r, i_hi / n)
+    np.maximum.at(ready, r, (off + i_hi) / span)
     return {"rows": hi - lo, "expert_rows": e_rows[rb_e], "overlap": overlap, "ready_frac": ready,
             "dep_rb": r, "dep_src": ring[j], "dep_lo": chunk_of(i_lo), "dep_hi": chunk_of(i_hi - 1)}
 

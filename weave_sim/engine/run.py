@@ -33,6 +33,7 @@ class SimOptions:
     tile_rows, tile_cols: GEMM output tile shape.
     comm_chunk_rows: rows per dispatch/combine transfer (None = tile_rows).
     gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
+    dispatch_order: 'token' or 'expert', the order of rows in each dispatch stream (see dag.py).
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
     """
 
@@ -42,6 +43,7 @@ class SimOptions:
     tile_cols: int = 128
     comm_chunk_rows: int | None = None
     gemm_tasks_per_sm: int | None = 32
+    dispatch_order: str = "token"
     record_timeline: bool = False
 
 
@@ -63,7 +65,8 @@ class SimContext:
             o = self.options
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
                                             tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
-                                            gemm_tasks_per_sm=o.gemm_tasks_per_sm)
+                                            gemm_tasks_per_sm=o.gemm_tasks_per_sm,
+                                            dispatch_order=o.dispatch_order)
         return self._graphs[key]
 
     def simulate(self, plan: Plan) -> LayerResult:
