@@ -122,15 +122,16 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
     const bool ok = m < b.num_rows;
     op.set_a(i, ok, local ? (ok ? s.pair[m] / p.top_k : 0) * H : m * H);
   }
+  // B chunk i: tile row n = tid / 8 + 32 i; rows [0, 128) gate h columns, [128, 256) up (wgmma.cuh)
+  static_assert(Config::kHalfN == 4 * 32, "GEMM0 B rows: chunks 0-3 gate, 4-7 up");
+  const int h0 = col_block * Config::kHalfN + (threadIdx.x >> 3);
+  op.b_off0 = h0 * H;
+  op.b_step = 32 * H;
+  op.b_hi = I * H;
 #pragma unroll
-  for (int i = 0; i < TileOperands::kBChunks; ++i) {
-    const int n = (threadIdx.x + i * Config::kThreads) >> 3;
-    bool up;
-    const int h_col = gemm0_h_col(n, col_block, &up);
-    op.set_b(i, h_col < I, (h_col + (up ? I : 0)) * H);  // gpt-oss: I = 2880 is not a multiple of kHalfN
-  }
+  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, h0 + 32 * (i & 3) < I);  // I % 128 != 0
   TileAcc acc;
-  tile_mainloop(op, H, smem, acc);
+  tile_mainloop(op, H, b.num_rows, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_swiglu(acc, st);
   __syncthreads();
@@ -178,13 +179,14 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
     op.set_a(i, m < b.num_rows, m * I);
   }
+  const int n0 = col_block * Config::kBlockN + (threadIdx.x >> 3);  // B chunk i: output column n0 + 32 i
+  op.b_off0 = n0 * I;
+  op.b_step = 32 * I;
+  op.b_hi = 128 * I;
 #pragma unroll
-  for (int i = 0; i < TileOperands::kBChunks; ++i) {
-    const int n = col_block * Config::kBlockN + ((threadIdx.x + i * Config::kThreads) >> 3);
-    op.set_b(i, n < H, n * I);
-  }
+  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < H);
   TileAcc acc;
-  tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
+  tile_mainloop(op, I, b.num_rows, smem, acc);  // ends with __syncthreads: s.pair is visible
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_plain(acc, st);
   __syncthreads();

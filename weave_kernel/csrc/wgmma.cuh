@@ -26,7 +26,8 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -40,12 +41,18 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// acc = A[BM, K] * B[BN, K]^T. K % kBlockK == 0. smem must be 1024-byte aligned. Ends with a __syncthreads.
-__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uint8_t* smem, TileAcc& acc) {
+// acc = A[BM, K] * B[BN, K]^T for the first num_rows rows (a warpgroup whose 64 rows are all past num_rows
+// skips its MMAs: decode-sized blocks cost half). K % kBlockK == 0; smem 1024-byte aligned.
+// One wgmma group stays in flight while the next stage is waited for and the one after is prefetched; a
+// stage is refilled only after both warpgroups retired the MMAs that read it. Ends with a __syncthreads.
+__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, int num_rows, uint8_t* smem,
+                                              TileAcc& acc) {
   static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && Config::kThreads == 256,
                 "wgmma path: two warpgroups x m64n256");
   static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
+  static_assert(Config::kStages == 3, "refill-after-retire order assumes 3 stages");
   const int wg = threadIdx.x / 128;
+  const bool active = wg * 64 < num_rows;
 #pragma unroll
   for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
   const int num_k = K / Config::kBlockK;
@@ -56,21 +63,25 @@ __device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uin
   }
   const uint32_t smem_base = smem_u32(smem);
   for (int kt = 0; kt < num_k; ++kt) {
-    cp_async_wait<Config::kStages - 2>();
-    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
+    cp_async_wait<Config::kStages - 2>();  // stage kt landed (this thread's copies)
+    fence_proxy_async_smem();              // cp.async wrote through the generic proxy; wgmma reads via async
+    __syncthreads();                       // ... and every thread's copies landed
+    if (active) {
+      const uint32_t sa = smem_base + (kt % Config::kStages) * Config::kSmemStage + wg * 64 * 128;
+      const uint32_t sb = smem_base + (kt % Config::kStages) * Config::kSmemStage + Config::kSmemA;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
+        wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
+    }
+    __syncthreads();  // both warpgroups are done with stage kt-1: refill it
     const int next = kt + Config::kStages - 1;
     if (next < num_k) load_stage(op, smem, next % Config::kStages, next * Config::kBlockK);
     cp_async_commit();
-    const uint32_t sa = smem_base + (kt % Config::kStages) * Config::kSmemStage + wg * 64 * 128;
-    const uint32_t sb = smem_base + (kt % Config::kStages) * Config::kSmemStage + Config::kSmemA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
-      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-    wgmma_commit();
-    wgmma_wait_all();  // the stage is overwritten by the prefetch two iterations later
   }
+  if (active) wgmma_wait<0>();
   cp_async_wait<0>();
   __syncthreads();
 }
@@ -82,13 +93,9 @@ __device__ __forceinline__ int acc_row(int r) {
 }
 __device__ __forceinline__ int acc_col(int r) { return (r >> 2) * 8 + ((threadIdx.x & 3) << 1) + (r & 1); }
 
-// GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns, so every
-// thread holds gate and up of the same h column (accumulators r and r + kBlockN / 4): SwiGLU in registers.
-__device__ __forceinline__ int gemm0_h_col(int n, int col_block, bool* up) {
-  *up = n >= Config::kHalfN;
-  return col_block * Config::kHalfN + n % Config::kHalfN;
-}
-
+// GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (gemm0_tile
+// fills them so), so every thread holds gate and up of the same h column in accumulators r and
+// r + kBlockN / 4: SwiGLU stays in registers.
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 // Stage SwiGLU(acc) as bf16 [BM][kHalfN] into smem (row stride kEpiStride).
