@@ -1,9 +1,6 @@
-// One BM x BN output tile of C = A * B^T on tensor cores, bf16 in, fp32 accumulate. Picks the mainloop:
-// wgmma (sm_90a, default) or mma.sync (-DWEAVE_MMA_SYNC). Both provide TileAcc, tile_mainloop, gemm0_h_col,
-// stage_swiglu and stage_plain with the same contracts.
+// One BM x BN output tile of C = A * B^T on tensor cores, bf16 in, fp32 accumulate: the wgmma mainloop
+// (wgmma.cuh) over the cp.async operand pipeline (gemm_common.cuh). The first version used mma.sync
+// m16n8k16 + ldmatrix with the same 128 x 256 tiles (git history, commit "128x256 mma.sync tiles"); its
+// measured rate is in docs/kernel.md.
 #pragma once
-#ifdef WEAVE_MMA_SYNC
-#include "mma_sync.cuh"
-#else
 #include "wgmma.cuh"
-#endif
