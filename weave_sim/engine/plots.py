@@ -72,7 +72,8 @@ def latency_vs_c(workload, profile, *, grid=None, seed: int = 0, **options) -> d
 
 def plot_latency_vs_c(workload, profile, path, *, chosen: LayerResult | None = None,
                       oracle: LayerResult | None = None, grid=None, seed: int = 0, **options) -> Path:
-    """Latency vs comm SM count (static:c with K=1 and with its best K), the chosen and oracle points marked.
+    """Latency vs comm SM count (static:c with K=1 and with its best K), the chosen and oracle points marked;
+    with an oracle result, also its search curve (Weave's scheduling at one c on all GPUs, best K).
 
     `chosen` and `oracle` are LayerResults (e.g. of 'weave' and 'oracle'); their x is the mean comm SM count
     over GPUs. Extra options go to simulate_layer.
@@ -82,6 +83,9 @@ def plot_latency_vs_c(workload, profile, path, *, chosen: LayerResult | None = N
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(data["c"], data["static_us"], "o-", label="static:c (K=1)")
     ax.plot(data["c"], data["static_best_k_us"], "s--", label="static:c, best K")
+    curve = _uniform_curve(oracle)
+    if curve:
+        ax.plot(*zip(*curve), "^-", color="C2", alpha=0.7, label="weave scheduling at one c (best K; oracle's search)")
     for res, marker, color in ((chosen, "*", "C3"), (oracle, "D", "k")):
         if res is not None:
             x = float(np.mean(res.plan.num_comm_sms))
@@ -92,6 +96,16 @@ def plot_latency_vs_c(workload, profile, path, *, chosen: LayerResult | None = N
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def _uniform_curve(oracle: LayerResult | None) -> list[tuple[int, float]]:
+    """(c, best latency us over K) from the oracle's 'weave[c=..,K=..]' candidates, sorted by c."""
+    best: dict[int, float] = {}
+    for label, ns in (oracle.candidates if oracle is not None else []):
+        if label.startswith("weave[c="):
+            c = int(label[len("weave[c="):].split(",")[0])
+            best[c] = min(best.get(c, float("inf")), ns / 1e3)
+    return sorted(best.items())
 
 
 def _save(fig, path) -> Path:
