@@ -3,7 +3,7 @@
 Checked on every run: each task runs exactly once; no task starts before its dependencies end (plus the
 signal latency across GPUs and barrier delays); an SM runs one task at a time and only tasks its role
 allows; busy + idle = latency x SMs per GPU; latency >= critical path, >= work / SMs, >= bytes / link
-peak; bytes delivered = bytes the workload sends, per direction. Separately: same seed -> same timeline;
+peak, >= expert weight bytes / HBM bandwidth; bytes delivered = bytes the workload sends, per direction. Separately: same seed -> same timeline;
 the oracle is never slower than the policies it covers; two special cases agree with the analytic model.
 """
 from __future__ import annotations
@@ -109,6 +109,7 @@ def check_invariants(res, sim, w, profile) -> None:
     out_b = w.dispatch_bytes_out + w.combine_bytes_out
     in_b = w.dispatch_bytes_in + w.combine_bytes_in
     assert (lat >= np.floor(out_b / peak)).all() and (lat >= np.floor(in_b / peak)).all()
+    assert (lat >= np.floor(w.weight_bytes / profile.hbm_gbs)).all()  # weights stream from HBM at least once
     # Bytes sent = bytes received = the workload's volumes.
     delivered = sim.fabric.delivered_bytes
     assert (delivered.sum(axis=1) == out_b).all() and (delivered.sum(axis=0) == in_b).all()

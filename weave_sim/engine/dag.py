@@ -21,6 +21,11 @@ stream, so most row blocks complete late) or 'expert' (grouped by g's local expe
 its rows by expert would; a token picking several experts on g is approximated as a fraction of a row in
 each). Either way a row block waits on a contiguous range of each source stream's chunks.
 
+GEMM time. A task takes max(FLOPs / per-SM rate at its expert's row count, its weight bytes / an SM's share
+of HBM bandwidth), where an expert's weights are streamed once and shared by its row blocks (so a GPU's GEMM
+work is never below weight bytes / HBM bandwidth, the small-batch bound). Activation traffic is in the
+measured rate curve (L2), not modelled separately.
+
 Granularity. GEMM tiles are tile_rows x tile_cols outputs. To keep large layers fast, consecutive column
 tiles of one row block are batched into one task (run back to back by one SM, one claim cost per tile):
 with `gemm_tasks_per_sm=n`, the batch size is chosen per GPU so that a task lasts about
@@ -222,6 +227,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
     rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))
     rb_rows = np.concatenate([x["rows"] for x in geo])
+    rb_blocks = np.concatenate([x["expert_blocks"] for x in geo])
+    per_sm_hbm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
     b0 = np.array([batch[g][0] for g in range(G)])[rb_gpu]
     b1 = np.array([batch[g][1] for g in range(G)])[rb_gpu]
     rb_prio = (rb_chunk.astype(np.int64) << 32) + (rb_order.astype(np.int64) << 8)
@@ -233,7 +240,10 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         col_lo = t * bsz[own] * tile_cols
         cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
         flops = 2.0 * rb_rows[own] * k_dim * out_mult * cols
-        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(flops / rb_rate[own]).astype(np.int64),
+        # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
+        weight_bytes = 2.0 * k_dim * out_mult * cols / rb_blocks[own]
+        work = np.maximum(flops / rb_rate[own], weight_bytes / per_sm_hbm_gbs)
+        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(work).astype(np.int64),
                     tiles=-(-cols // tile_cols), flops=flops, prio=rb_prio[own] + (kind == K_GEMM0),
                     chunk=rb_chunk[own])
         return own, ids
@@ -315,7 +325,8 @@ def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: in
 
     ready = np.zeros(lo.size)
     np.maximum.at(ready, r, (off + i_hi) / span)
-    return {"rows": hi - lo, "expert_rows": e_rows[rb_e], "overlap": overlap, "ready_frac": ready,
+    return {"rows": hi - lo, "expert_rows": e_rows[rb_e], "expert_blocks": nb[rb_e], "overlap": overlap,
+            "ready_frac": ready,
             "dep_rb": r, "dep_src": ring[j], "dep_lo": chunk_of(i_lo), "dep_hi": chunk_of(i_hi - 1)}
 
 
