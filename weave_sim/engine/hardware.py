@@ -11,6 +11,8 @@ at the same rate, so the fabric keeps one cumulative "bytes served per transfer"
 of finish targets, and holds a single pending SimPy timeout: the earliest finish (rounded up to an integer
 ns). Cost per start or finish is O(G^2) numpy work, independent of the number of active transfers.
 This is not max-min fair: bandwidth one flow cannot use is not handed to others (conservative).
+Same-time order: transfers due at one instant complete in (src, dst) row-major order, and within a pair
+by (finish target, start order); their events then resume the waiting SMs in that order.
 """
 from __future__ import annotations
 
