@@ -92,6 +92,11 @@ def test_model_and_sweep(profile):
     assert table.speedup_vs_sequential().shape == table.speedup_vs_best_static().shape == (3, 2)
     assert np.array_equal(table.latency_ns[:, 0], table.static_ns[:, 1])  # static:4 run once, same result
     assert "total" in table.format()
+    assert not res.layers[0].has_records and table.results[0, "weave"].graph is None
+    with pytest.raises(ValueError, match="re-simulate"):
+        plot_gantt(res.layers[0], "unused.png")
+    kept = simulate_model(routing, m, place, profile, "weave", layers=[1], keep_records=True)
+    assert kept.layers[0].has_records
     json.dumps(table.to_dict())
 
 

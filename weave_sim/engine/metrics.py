@@ -46,10 +46,10 @@ class LayerResult:
     num_tasks: int
     num_events: int
     wall_s: float
-    graph: TaskGraph = field(repr=False)
-    start_ns: np.ndarray = field(repr=False)
-    end_ns: np.ndarray = field(repr=False)
-    sm: np.ndarray = field(repr=False)
+    graph: TaskGraph | None = field(repr=False)  # per-task records: None after drop_records()
+    start_ns: np.ndarray | None = field(repr=False)
+    end_ns: np.ndarray | None = field(repr=False)
+    sm: np.ndarray | None = field(repr=False)
     roles: np.ndarray = field(repr=False)  # [G, N] role of each SM
     nvlink_samples: list = field(repr=False, default_factory=list)
     layer: int = 0
@@ -58,6 +58,17 @@ class LayerResult:
     @property
     def num_sms(self) -> int:
         return int(self.roles.shape[1])
+
+    @property
+    def has_records(self) -> bool:
+        """False after drop_records(): the metrics remain, the trace and Gantt need a re-run."""
+        return self.graph is not None
+
+    def drop_records(self) -> "LayerResult":
+        """Free the per-task records (graph, start/end/SM, NVLink samples; ~10 MB on a DeepSeek-V3 layer)."""
+        self.graph = self.start_ns = self.end_ns = self.sm = None
+        self.nvlink_samples = []
+        return self
 
     def to_dict(self) -> dict:
         """JSON-ready summary (no per-task records)."""

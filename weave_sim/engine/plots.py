@@ -29,6 +29,8 @@ def plot_gantt(result: LayerResult, path, *, gpus=None) -> Path:
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
+    if not result.has_records:
+        raise ValueError("this LayerResult's per-task records were dropped; re-simulate the layer to plot it")
     plt = _pyplot()
     g_ = result.graph
     G, N = result.roles.shape

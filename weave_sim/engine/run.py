@@ -142,8 +142,13 @@ def _layer_ids(routing: np.ndarray, layers) -> list[int]:
 
 
 def simulate_model(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policy: str,
-                   *, layers=None, seed: int = 0, progress: bool = False, **options) -> ModelResult:
-    """Simulate `policy` on every layer of routing int [num_tokens, num_layers, top_k] (or `layers` only)."""
+                   *, layers=None, seed: int = 0, progress: bool = False, keep_records: bool = False,
+                   **options) -> ModelResult:
+    """Simulate `policy` on every layer of routing int [num_tokens, num_layers, top_k] (or `layers` only).
+
+    keep_records: keep each layer's per-task records (for traces and Gantt charts of any layer); by default
+    they are dropped after the metrics are computed, so a 58-layer model does not hold ~0.6 GB.
+    """
     routing = np.asarray(routing)
     if routing.ndim != 3:
         raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
@@ -151,7 +156,8 @@ def simulate_model(routing, model: ModelPreset, placement: Placement, profile: H
     ids = _layer_ids(routing, layers)
     for layer in _progress(ids, progress, len(ids), policy):
         w = layer_workload(routing[:, layer, :], model, placement)
-        out.layers.append(simulate_layer(w, profile, policy, seed=seed, layer=layer, **options))
+        r = simulate_layer(w, profile, policy, seed=seed, layer=layer, **options)
+        out.layers.append(r if keep_records else r.drop_records())
     return out
 
 
@@ -213,8 +219,11 @@ class SweepTable:
 
 def sweep(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policies, *,
           layers=None, static_grid=DEFAULT_STATIC_GRID, seed: int = 0, progress: bool = False,
-          **options) -> SweepTable:
-    """Every policy on every layer, plus sequential and static:C over `static_grid` for the speedup columns."""
+          keep_records: bool = False, **options) -> SweepTable:
+    """Every policy on every layer, plus sequential and static:C over `static_grid` for the speedup columns.
+
+    `results[(layer, spec)]` holds each LayerResult (per-task records dropped unless keep_records).
+    """
     routing = np.asarray(routing)
     ids = _layer_ids(routing, layers)
     grid = tuple(c for c in static_grid if c < profile.num_sms)
@@ -225,7 +234,8 @@ def sweep(routing, model: ModelPreset, placement: Placement, profile: HardwarePr
     for layer, spec in _progress(work, progress, len(work), "sweep"):
         if layer not in wl:
             wl = {layer: layer_workload(routing[:, layer, :], model, placement)}
-        results[layer, spec] = simulate_layer(wl[layer], profile, spec, seed=seed, layer=layer, **options)
+        r = simulate_layer(wl[layer], profile, spec, seed=seed, layer=layer, **options)
+        results[layer, spec] = r if keep_records else r.drop_records()
     lat = np.array([[results[l, p].latency_ns for p in policies] for l in ids], dtype=np.int64)
     seq = np.array([results[l, "sequential"].latency_ns for l in ids], dtype=np.int64)
     st = np.array([[results[l, f"static:{c}"].latency_ns for c in grid] for l in ids], dtype=np.int64)

@@ -22,6 +22,8 @@ from .metrics import LayerResult
 
 def chrome_trace_events(result: LayerResult) -> list[dict]:
     """The traceEvents list (see module docstring)."""
+    if not result.has_records:
+        raise ValueError("this LayerResult's per-task records were dropped; re-simulate the layer for a trace")
     g_ = result.graph
     G, N = result.roles.shape
     cls = g_.cls
