@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 DIM_ALIGN = 64        # H and I must be multiples of this (one GEMM0 tile owns 64 h columns; K steps of 64)
-MAX_EXPERTS = 256     # shared-memory layout tables in the kernel (csrc/config.cuh kMaxExperts)
+MAX_EXPERTS = 512     # shared-memory layout tables in the kernel
 MAX_RANKS = 8
 
 

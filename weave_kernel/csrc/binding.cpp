@@ -78,8 +78,8 @@ void launch(const py::dict& d, uint64_t stream) {
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
   if (p.world < 1 || p.world > 8) throw std::invalid_argument("weave launch: world size must be in [1, 8]");
-  if (p.num_experts > 256 || p.num_experts != p.world * p.num_local_experts)
-    throw std::invalid_argument("weave launch: num_experts must equal world * num_local_experts and be <= 256");
+  if (p.num_experts > 512 || p.num_experts != p.world * p.num_local_experts)
+    throw std::invalid_argument("weave launch: num_experts must equal world * num_local_experts and be <= 512");
   if (p.num_tokens > p.max_tokens) throw std::invalid_argument("weave launch: num_tokens > max_tokens");
   if (p.epoch == 0) throw std::invalid_argument("weave launch: epoch must be >= 1");
   if (p.policy == weave::kPolicyStatic && (p.num_comm_ctas < 1 || p.num_comm_ctas >= p.num_ctas))
@@ -112,6 +112,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("block_m") = 128;
   m.attr("block_n") = 256;
   m.attr("dim_align") = 64;
-  m.attr("max_experts") = 256;
+  m.attr("max_experts") = 512;
   m.attr("max_ranks") = 8;
 }

@@ -155,9 +155,14 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
 
 __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
   const int par = static_cast<int>(p.epoch & 1);
-  const int NB = lv.num_compute_blocks();
+  const int ND = lv.num_dispatch_blocks(), NB = lv.num_compute_blocks();
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
-  dispatch_all(p, s, smem, lv, p.num_ctas);
+  for (int i = blockIdx.x; i < ND; i += p.num_ctas) {
+    const uint64_t t0 = tl_now(p);
+    const RowBlock b = lv.dispatch_block(i);
+    dispatch_block(p, s, b);
+    tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
+  }
   if (!grid_barrier(p, 2, &s.ok)) return false;
   for (;;) {
     const int t = claim_ticket(s, p.sched + par * 4 + 0);
@@ -200,7 +205,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     if (p.policy == kPolicySequential) {
       ok = sequential_body(p, s, smem, lv);
     } else if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
-      dispatch_all(p, s, smem, lv, p.num_comm_ctas);
+      const int ND = lv.num_dispatch_blocks();
+      for (int i = blockIdx.x; i < ND; i += p.num_comm_ctas) {
+        const uint64_t t0 = tl_now(p);
+        const RowBlock b = lv.dispatch_block(i);
+        dispatch_block(p, s, b);
+        tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
+      }
       if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
     } else {
       ok = static_compute(p, s, smem, lv);

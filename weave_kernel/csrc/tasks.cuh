@@ -17,11 +17,10 @@ __device__ __forceinline__ T* sym(const Params& p, int rank, int64_t offset) {
 }
 
 // ---- timeline -----------------------------------------------------------------------------------------
-// Called by one thread per task (thread 0, or a warp's lane 0 for warp-level tasks).
 __device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
-                                          uint16_t kind, int a0, int a1, bool leader = threadIdx.x == 0) {
-  if (p.timeline == nullptr || !leader) return;
-  const int n = atomicAdd(&s.tl_count, 1);
+                                          uint16_t kind, int a0, int a1) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  const int n = s.tl_count;
   if (n >= p.timeline_per_cta) return;
   TimelineRecord r;
   r.start_ns = t0;
@@ -32,6 +31,7 @@ __device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint
   r.arg0 = a0;
   r.arg1 = a1;
   p.timeline[static_cast<int64_t>(blockIdx.x) * p.timeline_per_cta + n] = r;
+  s.tl_count = n + 1;
 }
 // Record a wait only when it cost something (keeps traces small).
 __device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role, int a0,
@@ -62,57 +62,28 @@ __device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow s
   }
 }
 
-// ---- dispatch: one warp pushes one row block of this rank's tokens into the owner's receive buffer ------
-// Every warp of a sending CTA is an independent sender: while one warp's system fence drains its stores before
-// the block flag is released, the other warps keep NVLink busy. wpair: this warp's kBlockM ints of smem.
-__device__ __forceinline__ void dispatch_block_warp(const Params& p, const SharedLayout& s, int* wpair,
-                                                    const RowBlock& b) {
-  const int lane = threadIdx.x & 31, row_chunks = p.hidden / 8;
+// ---- dispatch: push one row block of this rank's tokens into the owner's receive buffer ----------------
+__device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, const RowBlock& b) {
+  const int H = p.hidden;
   int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
-  for (int m = lane; m < b.num_rows; m += 32) {
-    const int pair = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + m);
-    wpair[m] = pair;
-    meta[b.row0 + m] = pair;
+  if (threadIdx.x < b.num_rows) {
+    const int pair = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
+    s.pair[threadIdx.x] = pair;
+    meta[b.row0 + threadIdx.x] = pair;
   }
-  __syncwarp();
+  __syncthreads();
   const int4* x = reinterpret_cast<const int4*>(p.x);
-  int4* recv = sym<int4>(p, b.dst, p.off_recv_x) + static_cast<int64_t>(b.row0) * row_chunks;
-  const int total = b.num_rows * row_chunks;
-  constexpr int U = Config::kCopyUnroll;
-  for (int base = lane; base < total; base += 32 * U) {
-    int4 v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int idx = base + u * 32;
-      if (idx < total) v[u] = __ldcg(x + static_cast<int64_t>(wpair[idx / row_chunks] / p.top_k) * row_chunks +
-                                     idx % row_chunks);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int idx = base + u * 32;
-      if (idx < total) recv[idx] = v[u];
-    }
-  }
-  __syncwarp();
-  if (lane == 0) {
+  int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
+  const int row_chunks = H / 8;
+  copy_rows(
+      b.num_rows, row_chunks,
+      [&](int m) { return x + static_cast<int64_t>(s.pair[m] / p.top_k) * row_chunks; },
+      [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; });
+  __syncthreads();
+  if (threadIdx.x == 0) {
     __threadfence_system();
     st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + b.row0 / Config::kBlockM, p.epoch);
   }
-  __syncwarp();  // wpair is reused by the next block
-}
-
-// All warps of `num_senders` CTAs send this rank's row blocks (block i -> warp i mod (num_senders * warps)).
-__device__ __forceinline__ void dispatch_all(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
-                                             int num_senders) {
-  const int warp = threadIdx.x >> 5, ND = lv.num_dispatch_blocks();
-  int* wpair = reinterpret_cast<int*>(smem) + warp * Config::kBlockM;
-  for (int i = static_cast<int>(blockIdx.x) * Config::kWarps + warp; i < ND; i += num_senders * Config::kWarps) {
-    const uint64_t t0 = tl_now(p);
-    const RowBlock b = lv.dispatch_block(i);
-    dispatch_block_warp(p, s, wpair, b);
-    tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst, (threadIdx.x & 31) == 0);
-  }
-  __syncthreads();
 }
 
 // Pair ids (token * top_k + j on the source) of a computed block's rows into s.pair. Local rows come from

@@ -50,7 +50,7 @@ __device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, int
   static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && Config::kThreads == 256,
                 "wgmma path: two warpgroups x m64n256");
   static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
-  static_assert(Config::kStages >= 3, "refill-after-retire needs a stage in flight, one landing, one loading");
+  static_assert(Config::kStages == 3, "refill-after-retire order assumes 3 stages");
   const int wg = threadIdx.x / 128;
   const bool active = wg * 64 < num_rows;
 #pragma unroll
