@@ -43,7 +43,8 @@ def scenarios(draw):
                       tile_rows=draw(st.sampled_from([16, 32, 64])), tile_cols=draw(st.sampled_from([32, 64])),
                       comm_chunk_rows=draw(st.sampled_from([None, 8, 24])),
                       gemm_tasks_per_sm=draw(st.sampled_from([None, 2, 32])),
-                      dispatch_order=draw(st.sampled_from(["token", "expert"])))
+                      dispatch_order=draw(st.sampled_from(["token", "expert"])),
+                      fairness=draw(st.sampled_from(["shares", "maxmin"])))
     return w, profile, opts
 
 
@@ -203,15 +204,16 @@ def test_comm_bound_case_matches_analytic_model(c, waves, H, chunk_rows):
 
 
 class FabricMachine(RuleBasedStateMachine):
-    """NVLink fabric under random transfer starts and time steps: rates never exceed the link model."""
+    """NVLink fabric under random transfer starts and time steps: rates never exceed the link model, and
+    under 'maxmin' every transfer is bottlenecked (max-min fairness)."""
 
-    @initialize(G=st.integers(1, 4), N=st.sampled_from([4, 16, 132]))
-    def setup(self, G, N):
+    @initialize(G=st.integers(1, 4), N=st.sampled_from([4, 16, 132]), fairness=st.sampled_from(["shares", "maxmin"]))
+    def setup(self, G, N, fairness):
         import simpy
 
         self.profile = tiny_profile(N)
         self.env = simpy.Environment()
-        self.fab = NVLinkFabric(self.env, G, self.profile, record=True)
+        self.fab = NVLinkFabric(self.env, G, self.profile, record=True, fairness=fairness)
         self.G = G
         self.sent = np.zeros((G, G), dtype=np.int64)
         self.done: list[tuple[int, int, int]] = []  # (bytes, start, end)
@@ -232,17 +234,29 @@ class FabricMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "fab"))
     @invariant()
     def rates_within_link_model(self):
-        for _, egress, ingress in self.fab.samples[-3:]:
-            assert (egress <= self.profile.nvlink_peak_gbs + 1e-6).all()
-            assert (ingress <= self.profile.nvlink_peak_gbs + 1e-6).all()
-        assert (self.fab.delivered_bytes <= self.sent).all()
+        fab, tol = self.fab, 1e-6
+        for _, egress, ingress in fab.samples[-3:]:
+            assert (egress <= self.profile.nvlink_peak_gbs + tol).all()
+            assert (ingress <= self.profile.nvlink_peak_gbs + tol).all()
+        assert (fab.delivered_bytes <= self.sent).all()
+        rate, active = fab._rate, fab._active
+        live = active > 0
+        flow = rate * active
+        cap_e = self.profile.bandwidth_gbs(active.sum(axis=1))
+        assert (flow.sum(axis=1) <= cap_e + tol).all() and (rate[live] <= fab.flow_cap_gbs + tol).all()
+        assert (rate[live] > 0).all()
+        if fab.fairness == "maxmin":  # every transfer is held back by a full egress, a full ingress or its cap
+            full_e = flow.sum(axis=1) >= cap_e - 1e-6
+            full_i = flow.sum(axis=0) >= self.profile.nvlink_peak_gbs - 1e-6
+            held = full_e[:, None] | full_i[None, :] | (rate >= fab.flow_cap_gbs - 1e-6)
+            assert held[live].all()
 
     def teardown(self):
         if not hasattr(self, "fab"):
             return
         self.env.run()
         assert np.array_equal(self.fab.delivered_bytes, self.sent)
-        per_cta_max = float(NVLinkFabric.per_cta_gbs(self.profile, 4 * self.profile.num_sms).max())
+        per_cta_max = self.fab.flow_cap_gbs
         for nbytes, t0, t1 in self.done:
             assert t1 - t0 >= int(nbytes / per_cta_max)  # no transfer beats one CTA's top rate
 

@@ -36,14 +36,14 @@ class LayerSim:
     """One simulation of `graph` under `plan` (see module docstring)."""
 
     def __init__(self, graph: TaskGraph, plan: Plan, profile: HardwareProfile, *, seed: int = 0,
-                 jitter: float = 0.0, record_timeline: bool = False):
+                 jitter: float = 0.0, record_timeline: bool = False, fairness: str = "shares"):
         if plan.num_gpus != graph.num_gpus:
             raise ValueError(f"plan has {plan.num_gpus} GPUs, graph {graph.num_gpus}")
         plan.check(profile.num_sms)
         self.graph, self.plan, self.profile = graph, plan, profile
         self.env = simpy.Environment()
         self._eid_seen: int | None = None
-        self.fabric = NVLinkFabric(self.env, graph.num_gpus, profile, record=record_timeline)
+        self.fabric = NVLinkFabric(self.env, graph.num_gpus, profile, record=record_timeline, fairness=fairness)
         fx = profile.fixed_ns
         self.signal_ns = int(fx["signal"])
         cls = graph.cls

@@ -34,6 +34,7 @@ class SimOptions:
     comm_chunk_rows: rows per dispatch/combine transfer (None = tile_rows).
     gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
     dispatch_order: 'token' or 'expert', the order of rows in each dispatch stream (see dag.py).
+    fairness: 'shares' or 'maxmin', how transfers share NVLink (see hardware.py).
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
     """
 
@@ -44,6 +45,7 @@ class SimOptions:
     comm_chunk_rows: int | None = None
     gemm_tasks_per_sm: int | None = 32
     dispatch_order: str = "token"
+    fairness: str = "shares"
     record_timeline: bool = False
 
 
@@ -74,7 +76,7 @@ class SimContext:
         graph = self.graph(plan)
         o = self.options
         sim = LayerSim(graph, plan, self.profile, seed=o.seed, jitter=o.jitter,
-                       record_timeline=o.record_timeline).run()
+                       record_timeline=o.record_timeline, fairness=o.fairness).run()
         wall = time.perf_counter() - t0
         self.last_sim = sim
         return summarize(plan.label, plan, graph, sim.start_ns, sim.end_ns, sim.sm, sim.roles,
