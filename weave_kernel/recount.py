@@ -1,0 +1,49 @@
+"""Add the exchanged counts to a kernel benchmark file that predates them, so `weave-sim validate` can read it.
+
+The benchmark's routing is a pure function of its seed (weave_kernel.routing.skewed_routing with
+seed = seed * 100003 + rank * 7 + tokens_per_gpu), so the counts each call exchanged can be rebuilt exactly:
+
+    python -m weave_kernel.recount OLD.json NEW.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from weave_sim.placement import contiguous
+
+from .routing import skewed_routing
+
+
+def counts_for(result: dict, seed: int, zipf_s: float) -> dict:
+    """Counts of one benchmark result: pairs per (source rank, expert) and, since this kernel dispatches one
+    row per (token, expert) pair, dispatch rows per (source, destination) counted in pairs."""
+    world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
+    owner = contiguous(experts, world).owner
+    pairs = np.zeros((world, experts), dtype=np.int64)
+    for rank in range(world):
+        ids, _ = skewed_routing(n, experts, top_k, seed=seed * 100003 + rank * 7 + n, zipf_s=zipf_s)
+        pairs[rank] = np.bincount(ids.ravel(), minlength=experts)
+    rows = np.stack([np.bincount(owner, weights=pairs[s], minlength=world) for s in range(world)]).astype(np.int64)
+    return {"source_expert_pairs": pairs.tolist(), "dispatch_rows": rows.tolist(),
+            "tokens_per_gpu": [n] * world, "dispatch_rows_kind": "pairs"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    args = ap.parse_args(argv)
+    data = json.load(open(args.src))
+    cfg = data.get("config", {})
+    for r in data["results"]:
+        r["counts"] = counts_for(r, int(cfg.get("seed", 0)), float(cfg.get("zipf", 1.0)))
+    with open(args.dst, "w") as f:
+        json.dump(data, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
