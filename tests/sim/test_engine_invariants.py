@@ -3,8 +3,9 @@
 Checked on every run: each task runs exactly once; no task starts before its dependencies end (plus the
 signal latency across GPUs and barrier delays); an SM runs one task at a time and only tasks its role
 allows; busy + idle = latency x SMs per GPU; latency >= critical path, >= work / SMs, >= bytes / link
-peak, >= expert weight bytes / HBM bandwidth; bytes delivered = bytes the workload sends, per direction. Separately: same seed -> same timeline;
-the oracle is never slower than the policies it covers; two special cases agree with the analytic model.
+peak, >= expert weight bytes / HBM bandwidth; bytes delivered = bytes the workload sends, per direction.
+Separately: same seed -> same timeline; the oracle is never slower than the policies it covers; two
+special cases agree with the analytic model; a state machine checks the NVLink fabric alone.
 """
 from __future__ import annotations
 
@@ -164,9 +165,10 @@ def test_compute_bound_case_matches_analytic_model(N, data):
     """One GPU, no traffic, zero fixed costs, flat GEMM rate, full row blocks.
 
     Analytic: T = F / ((N - c) * r) when there are at least N - c output tiles (else the cost model caps the
-    SMs at the tile count, a different regime; such draws are skipped). Greedy list scheduling of the tile DAG on N - c SMs lies within
-    [W / (N - c), W / (N - c) + t0 + t1] (Graham), where t0, t1 are one GEMM0 and one GEMM1 tile: that is
-    the stated tolerance (plus 1 ns per task of integer rounding and the 1-ns reduction).
+    SMs at the tile count, a different regime; such draws are skipped). Greedy list scheduling of the tile
+    DAG on N - c SMs lies within [W / (N - c), W / (N - c) + t0 + t1] (Graham), where t0, t1 are one GEMM0
+    and one GEMM1 tile: that is the stated tolerance (plus 1 ns per task of integer rounding and the 1-ns
+    reduction).
     """
     c = data.draw(st.integers(1, N - 1))
     experts, blocks = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))

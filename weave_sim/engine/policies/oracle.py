@@ -2,7 +2,8 @@
 
 Candidates: Weave's temporal scheduling with one (c, K) on all GPUs for c on a coarse grid (C_GRID) and K
 in the profile's chunk counts, then c refined within the grid gaps around the best c
-(every value, or about 8 evenly spaced where the gap is wider; at the best K); plus, verbatim, the plans of `weave`, `sequential` and `static:C` for C in STATIC_GRID.
+(every value, or about 8 evenly spaced where the gap is wider; at the best K); plus, verbatim, the plans
+of `weave`, `sequential` and `static:C` for C in STATIC_GRID.
 So on the same input and seed the oracle is never slower than those policies (the invariant tests check
 exactly these). `oracle:fast` uses a coarser grid and no refinement. Ties go to the earlier candidate.
 """
