@@ -89,15 +89,24 @@ class LayerSim:
                 self.roles[g, c:] = ROLE_COMPUTE
 
     # --- running -------------------------------------------------------------------------------
-    def run(self) -> "LayerSim":
-        """Simulate to completion; raises RuntimeError if some task never ran (a deadlock)."""
+    def start(self) -> "LayerSim":
+        """Queue the tasks without dependencies and create the SM processes (time 0); `run` calls it."""
         for t in np.flatnonzero(self.graph.num_deps == 0).tolist():
             self._ready(t)
         G, N = self.roles.shape
         for g in range(G):
             for sm in range(N):
                 self.env.process(self._worker(g, sm, int(self.roles[g, sm])))
+        return self
+
+    def run(self) -> "LayerSim":
+        """Simulate to completion; raises RuntimeError if some task never ran (a deadlock)."""
+        self.start()
         self.env.run()
+        return self.finish()
+
+    def finish(self) -> "LayerSim":
+        """Check that every task ran (after the event queue drained)."""
         self._eid_seen = None
         missing = [t for t, e in enumerate(self.end_ns) if e < 0]
         if missing:
@@ -152,6 +161,18 @@ class LayerSim:
                     self._touched.add(g)  # parked compute SMs may now take combine tasks
             return t
         return -1
+
+    def claimable(self, g: int, role: int) -> bool:
+        """Whether a worker of `role` on GPU g could claim a ready task now (read-only twin of _pick)."""
+        queues = self._queues[g]
+        for c in self._allowed[role]:
+            if queues[c] and not (c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0):
+                return True
+        return False
+
+    def parked(self, g: int, role: int) -> int:
+        """Number of workers of `role` on GPU g parked waiting for work."""
+        return len(self._idle[g][role])
 
     def _kick(self, g: int) -> None:
         """Wake parked workers of GPU g while some ready task suits them."""
