@@ -5,6 +5,8 @@ One object per rank and layer geometry:
     layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, G),
                           max_tokens=8192)                  # collective: every rank, same arguments
     y = layer(x, topk_ids, topk_weights, w13, w2, policy="static:24")
+    y = layer(x, topk_ids, topk_weights, w13, w2, policy="weave")   # (c*, K*) chosen in the kernel
+    layer.last_choice()                                              # {"c_star": .., "k_star": .., ...}
 
 x [N, H] bf16, topk_ids [N, k] int32/int64 global ids, topk_weights [N, k] fp32, w13 [E_loc, 2I, H] bf16,
 w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_experts(rank)); y [N, H] bf16.
@@ -21,6 +23,11 @@ from .timeline import RECORD_DTYPE, records_to_events
 from .validate import check_geometry, check_layer_inputs
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
+COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
+COST_TABLE_VERSION = 1       # weave::cost_table::kVersion
+CHOICE_LEN = 8               # weave::kChoiceLen (csrc/params.h); slots: ChoiceSlot
+CHOICE_SLOTS = ("c_star", "k_star", "time_ns", "comm_ctas_used", "epoch")
+DEFAULT_COST_PROFILE = "h200"
 DEFAULT_TIMEOUT_S = 2.0
 
 ERROR_TEXT = {
@@ -32,6 +39,22 @@ ERROR_TEXT = {
     6: "timeout waiting for GEMM0 of row block {0} (column block {1})",
     7: "timeout waiting for the combine rows of rank {0}",
 }
+
+
+def build_cost_table(profile=DEFAULT_COST_PROFILE) -> np.ndarray:
+    """The float64 cost table the kernel's spatial scheduler reads: weave_sim.costtable.table_for(profile).
+
+    `profile`: a weave_sim HardwareProfile, a shipped profile name ("h200") or a profile JSON path."""
+    from weave_sim.costtable import TABLE_LEN, TABLE_VERSION, table_for
+    from weave_sim.profile import HardwareProfile, load_profile
+
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    data = np.array(table_for(prof).data, dtype=np.float64, copy=True)
+    if TABLE_LEN != COST_TABLE_LEN or data.shape != (COST_TABLE_LEN,):
+        raise ValueError(f"cost table has {data.shape} slots; this kernel reads {COST_TABLE_LEN}")
+    if TABLE_VERSION != COST_TABLE_VERSION or int(data[0]) != COST_TABLE_VERSION:
+        raise ValueError(f"cost table version {int(data[0])}; this kernel reads version {COST_TABLE_VERSION}")
+    return data
 
 
 def _align(n: int, a: int = 256) -> int:
@@ -81,7 +104,8 @@ class MoEMegakernel:
     """The persistent cross-GPU MoE layer on one rank. Construction is collective over `group`."""
 
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
-                 group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0):
+                 group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
+                 cost_profile=DEFAULT_COST_PROFILE):
         import torch.distributed as dist
 
         from .build import load_extension
@@ -129,6 +153,12 @@ class MoEMegakernel:
         self.timeline = torch.zeros(max(1, self.num_ctas * timeline_per_cta) * RECORD_DTYPE.itemsize,
                                     dtype=torch.uint8, device=dev)
         self.timeline_count = torch.zeros(self.num_ctas, **i32)
+        # weave policy: the cost model's table (read by every CTA) and the per-call choice output
+        self.cost_table_np = build_cost_table(cost_profile)
+        if int(self.ext.cost_table_len) != COST_TABLE_LEN or int(self.ext.choice_len) != CHOICE_LEN:
+            raise RuntimeError("built extension and megakernel.py disagree on the cost table / choice layout")
+        self.cost_table = torch.as_tensor(self.cost_table_np, dtype=torch.float64).to(dev)
+        self.choice = torch.full((CHOICE_LEN,), -1.0, dtype=torch.float64, device=dev)
         self.epoch = 0
         self.broken: str | None = None
         torch.cuda.synchronize(dev)
@@ -198,6 +228,7 @@ class MoEMegakernel:
             "grid_bar": self.grid_bar.data_ptr(), "err": self.err.data_ptr(),
             "timeline": self.timeline.data_ptr() if record_timeline else 0,
             "timeline_count": self.timeline_count.data_ptr(),
+            "cost_table": self.cost_table.data_ptr(), "choice": self.choice.data_ptr(),
             "rank": self.rank, "world": self.world, "num_tokens": x.shape[0], "top_k": self.top_k,
             "hidden": self.hidden, "inter": self.inter, "num_experts": self.num_experts,
             "num_local_experts": self.num_local_experts, "max_tokens": self.max_tokens,
@@ -205,6 +236,15 @@ class MoEMegakernel:
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
             "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
         }
+
+    def last_choice(self) -> dict | None:
+        """The weave policy's decision of the last call on this rank (synchronises), or None if the last call
+        was not a weave call: {"c_star", "k_star", "time_ns" (predicted), "comm_ctas_used", "epoch"}."""
+        v = self.choice.cpu().tolist()
+        if int(v[4]) != self.epoch or self.epoch == 0:
+            return None
+        out = {k: (float(v[i]) if k == "time_ns" else int(v[i])) for i, k in enumerate(CHOICE_SLOTS)}
+        return out
 
     def poison_scratch(self) -> None:
         """Fill receive rows, combine rows and h with NaN (tests: catches reads of rows nothing wrote this call).

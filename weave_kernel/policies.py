@@ -2,7 +2,10 @@
 
 - `sequential`: every CTA runs every phase; grid barriers separate dispatch | GEMM0 | GEMM1 | combine.
 - `static:C`: CTAs [0, C) dispatch, the others run GEMM tiles (baseline (c), DeepEP-style fixed split).
-Per-call choice of C, chunking and tile stealing (the next issue) plug in here.
+- `weave`: the kernel picks (c*, K*) per call and rank from weave_sim's cost table right after the count
+  exchange; CTAs [0, c*) dispatch, then steal GEMM tiles from the same ticket (bubble stealing).
+- `weave:C`: the same scheduling with C comm CTAs fixed (the measured c-sweep); (c*, K*) is still computed
+  and recorded.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 
 POLICY_SEQUENTIAL = 0  # mirrors weave::kPolicySequential in csrc/params.h
 POLICY_STATIC = 1      # mirrors weave::kPolicyStatic
+POLICY_WEAVE = 2       # mirrors weave::kPolicyWeave
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,11 @@ class LaunchPolicy:
 
     name: str
     policy_id: int
-    num_comm_ctas: int
+    num_comm_ctas: int  # weave: 0 = chosen in the kernel
+
+    @property
+    def needs_cost_table(self) -> bool:
+        return self.policy_id == POLICY_WEAVE
 
 
 def _sequential(arg: str | None, num_ctas: int) -> LaunchPolicy:
@@ -37,12 +45,28 @@ def _static(arg: str | None, num_ctas: int) -> LaunchPolicy:
     return LaunchPolicy(f"static:{c}", POLICY_STATIC, c)
 
 
-POLICIES = {"sequential": _sequential, "static": _static}
+def _weave(arg: str | None, num_ctas: int) -> LaunchPolicy:
+    if num_ctas < 2:
+        raise ValueError(f"policy 'weave' needs at least 2 CTAs, the grid has {num_ctas}")
+    if arg is None:
+        return LaunchPolicy("weave", POLICY_WEAVE, 0)
+    try:
+        c = int(arg)
+    except ValueError:
+        raise ValueError(f"policy 'weave:C' needs an integer C, got {arg!r}") from None
+    if not 1 <= c < num_ctas:
+        raise ValueError(f"weave:{c}: C must be in [1, {num_ctas - 1}] on a grid of {num_ctas} CTAs")
+    return LaunchPolicy(f"weave:{c}", POLICY_WEAVE, c)
+
+
+POLICIES = {"sequential": _sequential, "static": _static, "weave": _weave}
 
 
 def parse_policy(spec: str, num_ctas: int) -> LaunchPolicy:
-    """'sequential' or 'static:C' -> LaunchPolicy; unknown names raise ValueError listing the known ones."""
-    name, _, arg = spec.partition(":")
+    """'sequential', 'static:C', 'weave' or 'weave:C' -> LaunchPolicy; unknown names raise ValueError."""
+    name, sep, arg = spec.partition(":")
     if name not in POLICIES:
-        raise ValueError(f"unknown policy {spec!r}; known: sequential, static:C")
+        raise ValueError(f"unknown policy {spec!r}; known: sequential, static:C, weave, weave:C")
+    if sep and not arg:
+        raise ValueError(f"policy {spec!r}: empty argument after ':'")
     return POLICIES[name](arg or None, num_ctas)

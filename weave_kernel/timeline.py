@@ -19,7 +19,7 @@ RECORD_DTYPE = np.dtype([
     ("arg1", "<i4"),
 ])
 #: Index = weave::TaskKind value.
-KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait")
+KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait", "choose")
 #: Index = weave::Role value.
 ROLE_NAMES = ("comm", "compute")
 
@@ -37,7 +37,9 @@ def records_to_events(records: np.ndarray, rank: int, base_ns: int) -> list[dict
             "tid": int(r["sm"]),
             "ts": (int(r["start_ns"]) - base_ns) / 1000.0,
             "dur": max(0, int(r["end_ns"]) - int(r["start_ns"])) / 1000.0,
-            "args": {"row_block": int(r["arg0"]), "col_block_or_rank": int(r["arg1"])},
+            "args": ({"c_star": int(r["arg0"]), "k_star": int(r["arg1"])}
+                     if kind in ("count_exchange", "choose") and int(r["arg0"]) >= 0  # weave: the choice
+                     else {"row_block": int(r["arg0"]), "col_block_or_rank": int(r["arg1"])}),
         })
     return events
 

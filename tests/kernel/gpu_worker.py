@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
 from weave_kernel.routing import single_expert_routing, skewed_routing
@@ -50,7 +51,8 @@ def gather_routing(ids: np.ndarray, w: np.ndarray, x: torch.Tensor):
 
 
 def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
-             routing: str = "skewed", placement: str = "contiguous", policies=("sequential", "static:8", "static:64"),
+             routing: str = "skewed", placement: str = "contiguous",
+             policies=("sequential", "static:8", "static:64", "weave", "weave:16"),
              repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -110,6 +112,9 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
                 f"rel_err {' '.join(f'{e:.2e}' for e in errs)}")
             if not ok:
                 FAILURES.append(f"{name} rep {rep} {pol}")
+            if pol.startswith("weave"):
+                check_choice(f"{name} rep {rep} {pol}", layer, pol, [r[0] for r in all_routing], pl,
+                             geometry_model(hidden, inter, num_experts, top_k))
         if ep_ref:
             yr = ep_moe_reference(x_d, ids_d, w_d, w13, w2, torch.as_tensor(pl.owner),
                                   torch.as_tensor(pl.local_index()))
@@ -120,6 +125,37 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
                 f"{' '.join(f'{e:.2e}' for e in errs)}")
             if not ok:
                 FAILURES.append(f"{name} ep_reference")
+
+
+CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
+
+
+def check_choice(label: str, layer, pol: str, ids_per_rank, placement, model) -> None:
+    """The kernel's in-kernel (c*, K*) for this call equals weave_sim.costmodel.choose on the same counts,
+    and the call used C (weave:C) or min(c*, CTAs - 1) (weave) comm CTAs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        kc = layer.last_choice()
+        counts = counts_from_routing(ids_per_rank, model.num_experts, placement)
+        pc = model_choice(counts, model, placement)[rank]
+        want_used = int(pol.split(":")[1]) if ":" in pol else min(pc["c_star"], layer.num_ctas - 1)
+        ok = choice_agrees(kc, pc) and kc["comm_ctas_used"] == want_used
+        msg = f"kernel {kc} python {pc}"
+        cks = f"(c*, K*) = ({kc['c_star']}, {kc['k_star']}) used {kc['comm_ctas_used']}"
+    except Exception as exc:  # noqa: BLE001
+        ok, msg, cks = False, f"{type(exc).__name__}: {exc}", "?"
+    res = [None] * world
+    dist.all_gather_object(res, (ok, msg, cks))
+    all_ok = all(r[0] for r in res)
+    CHOICES_CHECKED[0] += sum(r[0] for r in res)
+    CHOICES_CHECKED[1] += len(res)
+    short = " | ".join(f"r{g} {c}" for g, (_, m, c) in enumerate(res))
+    log(f"{'PASS' if all_ok else 'FAIL'} choice {label:<44} {short}")
+    if not all_ok:
+        for g, (o, m, _) in enumerate(res):
+            if not o:
+                log(f"  rank {g}: {m}")
+        FAILURES.append(f"choice {label}")
 
 
 def check_errors(trace_dir: str | None) -> None:
@@ -150,6 +186,27 @@ def check_errors(trace_dir: str | None) -> None:
         if rank == 0:
             write_chrome_trace(os.path.join(trace_dir, "kernel_trace_small.json"), [e for ev in allev for e in ev])
 
+    # weave: the in-kernel choice appears in the count_exchange records' args
+    layer(x, ids_d, w_d, w13, w2, policy="weave", record_timeline=True)
+    torch.cuda.synchronize()
+    events, _ = layer.timeline_events()
+    ce = [e for e in events if e["name"] == "count_exchange"]
+    ch = layer.last_choice()
+    cho = [e for e in events if e["name"] == "choose"]
+    ok = bool(ce) and len(cho) == len(ce) and ch is not None and all(
+        e["args"].get("c_star") == ch["c_star"] and e["args"].get("k_star") == ch["k_star"] for e in ce + cho)
+    dur = sorted(e["dur"] for e in cho)
+    log(f"{'PASS' if ok else 'FAIL'} weave timeline args {ce[0]['args'] if ce else None} choice {ch}; "
+        f"'choose' records {len(cho)}, duration median {dur[len(dur) // 2] if dur else float('nan'):.2f} us, "
+        f"max {dur[-1] if dur else float('nan'):.2f} us")
+    if not ok:
+        FAILURES.append("weave timeline args")
+    # a static call after a weave call: last_choice() is None again
+    layer(x, ids_d, w_d, w13, w2, policy="static:16")
+    ok = layer.last_choice() is None
+    log(f"{'PASS' if ok else 'FAIL'} last_choice() is None after a static call")
+    if not ok:
+        FAILURES.append("last_choice after static")
     # host-side id check
     bad = ids_d.clone()
     bad[3, 1] = E
@@ -197,7 +254,7 @@ def main() -> int:
     # every preset geometry (H, I, k as in the model; fewer experts and tokens)
     if args.sanitize:
         run_case("sanitize E4 k2", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
-                 policies=("sequential", "static:16"), repeats=2)
+                 policies=("sequential", "static:16", "weave"), repeats=2)
         log(f"SUMMARY: {len(FAILURES)} failures")
         dist.destroy_process_group()
         return 1 if FAILURES else 0
@@ -220,11 +277,14 @@ def main() -> int:
              placement="round-robin", seed=22)
     run_case("repeated calls, one layer", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
              tokens=[1000, 513], repeats=3, seed=23, layer_cache=cache,
-             policies=("static:20", "sequential", "static:1", "static:100"))
+             policies=("static:20", "weave", "sequential", "weave:1", "static:1", "weave:100", "static:100"))
     run_case("repeated calls, other sizes", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
-             tokens=[1000, 100], repeats=2, seed=24, layer_cache=cache, policies=("static:24", "static:24"))
+             tokens=[1000, 100], repeats=2, seed=24, layer_cache=cache,
+             policies=("static:24", "weave", "weave", "static:24", "weave:24"))
     check_errors(args.trace_dir)
     dist.barrier()
+    log(f"CHOICE AGREEMENT: {CHOICES_CHECKED[0]}/{CHOICES_CHECKED[1]} (rank, call) pairs: kernel (c*, K*) == "
+        "weave_sim.costmodel.choose")
     log(f"SUMMARY: {len(FAILURES)} failures" + (": " + "; ".join(FAILURES) if FAILURES else ""))
     rc = 1 if FAILURES else 0
     dist.destroy_process_group()

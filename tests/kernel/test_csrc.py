@@ -29,6 +29,8 @@ def test_launcher_compiles_for_sm90a(tmp_path):
     # the 128 wgmma accumulators stay in registers; ptxas spills a few bytes of tile bookkeeping at 255 registers
     assert spills and max(spills) <= 64, r.stderr
     assert "C7510" not in r.stderr  # wgmma serialised (e.g. missing -DNDEBUG)
+    # ptxas also reports C7518 (wgmma serialised around a compiler-inserted WG.DP in a divergent path); it was
+    # there before the weave policy too (commit 6ab7bd5), so it is not asserted here. See docs/kernel.md.
 
 
 def _cxx():

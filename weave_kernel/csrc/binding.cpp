@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cost_model.cuh"
 #include "params.h"
 
 extern "C" int weave_moe_launch(const weave::Params* params, void* stream);
@@ -58,6 +59,8 @@ void launch(const py::dict& d, uint64_t stream) {
   p.err = ptr<int32_t>(d, "err");
   p.timeline = ptr<weave::TimelineRecord>(d, "timeline");
   p.timeline_count = ptr<int32_t>(d, "timeline_count");
+  p.cost_table = ptr<const double>(d, "cost_table");
+  p.choice = ptr<double>(d, "choice");
   p.rank = get<int32_t>(d, "rank");
   p.world = get<int32_t>(d, "world");
   p.num_tokens = get<int32_t>(d, "num_tokens");
@@ -84,6 +87,14 @@ void launch(const py::dict& d, uint64_t stream) {
   if (p.epoch == 0) throw std::invalid_argument("weave launch: epoch must be >= 1");
   if (p.policy == weave::kPolicyStatic && (p.num_comm_ctas < 1 || p.num_comm_ctas >= p.num_ctas))
     throw std::invalid_argument("weave launch: static policy needs 1 <= num_comm_ctas < num_ctas");
+  if (p.policy == weave::kPolicyWeave) {
+    if (p.cost_table == nullptr || p.choice == nullptr)
+      throw std::invalid_argument("weave launch: weave policy needs the cost table and the choice buffer");
+    if (p.num_comm_ctas < 0 || p.num_comm_ctas >= p.num_ctas || p.num_ctas < 2)
+      throw std::invalid_argument("weave launch: weave policy needs 0 <= num_comm_ctas < num_ctas (0 = choose)");
+  }
+  if (p.policy < weave::kPolicySequential || p.policy > weave::kPolicyWeave)
+    throw std::invalid_argument("weave launch: unknown policy id");
   const int err = weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
   if (err != 0) throw std::runtime_error(std::string("weave launch failed: ") + weave_cuda_error_string(err));
 }
@@ -114,4 +125,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("dim_align") = 64;
   m.attr("max_experts") = 512;
   m.attr("max_ranks") = 8;
+  m.attr("cost_table_len") = weave::cost_table::kLen;
+  m.attr("cost_table_version") = weave::cost_table::kVersion;
+  m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);
 }

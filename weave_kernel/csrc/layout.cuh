@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "choice.cuh"
 #include "config.cuh"
 #include "sync.cuh"
 
@@ -21,6 +22,10 @@ struct SharedLayout {
   int hist[Config::kMaxExperts];       // routing histogram, then this CTA's per-expert base
   int pair[Config::kBlockM];           // pair ids of the rows of the current block
   int scan_tmp[Config::kWarps + 1];
+  VolumeSums red_sums[Config::kWarps];  // weave: block reductions of the spatial choice
+  GridBest red_best[Config::kWarps];
+  int num_comm;                         // CTAs that dispatch first (static / weave); 0 for sequential
+  int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
   int ok;
   int ticket;
   int tl_count;

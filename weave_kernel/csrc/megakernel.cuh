@@ -7,6 +7,8 @@
 //                static:C  : CTAs [0, C) dispatch; the others claim GEMM tiles from one atomic ticket
 //                            (GEMM0 of block i interleaved with GEMM1 of block i - L), waiting only on the
 //                            rows they need; GEMM1 epilogues push straight into the source's combine slots
+//                weave     : (c*, K*) from the cost table right after the count exchange (choice.cuh), identical
+//                            on every CTA; CTAs [0, c*) dispatch, then steal tiles from the same ticket
 //   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb
 //
 // Cross-GPU flags hold the call's epoch (never reset); on-chip counters are double-buffered by epoch parity
@@ -95,10 +97,36 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   const int32_t* gc = sym<const int32_t>(p, p.rank, p.off_gcounts) + par * G * E;
   for (int i = tid; i < G * E; i += Config::kThreads) s.cnt[i] = __ldcg(gc + i);
   __syncthreads();
-  const bool ok = build_layout(s, p);
-  tl_record(p, s, t0, blockIdx.x < static_cast<unsigned>(max(p.num_comm_ctas, 1)) ? kRoleComm : kRoleCompute,
-            kTaskCountExchange, -1, -1);
-  return ok;
+  if (!build_layout(s, p)) return false;  // ends with __syncthreads
+  int num_comm = p.policy == kPolicySequential ? 0 : p.num_comm_ctas, choice_c = -1, choice_k = -1;
+  uint64_t tc = 0;
+  if (p.policy == kPolicyWeave) {
+    // Weave's spatial choice for this rank: every CTA evaluates the cost model on the same gathered counts
+    // with the same deterministic parallel argmin, so all CTAs agree on (c*, K*) without communicating.
+    tc = tl_now(p);
+    const CostChoice c = choose_split_parallel<Config::kThreads>(p.cost_table, s.cnt, p.expert_owner, p.rank, G, E,
+                                                                 p.hidden, p.inter, s.red_sums, s.red_best);
+    choice_c = c.num_comm_sms;
+    choice_k = c.num_chunks;
+    if (num_comm <= 0) num_comm = max(1, min(c.num_comm_sms, p.num_ctas - 1));  // weave (weave:C keeps C)
+    if (blockIdx.x == 0 && tid == 0) {
+      p.choice[kChoiceCommSms] = c.num_comm_sms;
+      p.choice[kChoiceChunks] = c.num_chunks;
+      p.choice[kChoiceTimeNs] = c.time_ns;
+      p.choice[kChoiceUsedComm] = num_comm;
+      p.choice[kChoiceEpoch] = static_cast<double>(p.epoch);
+    }
+  }
+  if (tid == 0) {
+    s.num_comm = num_comm;
+    s.choice_c = choice_c;
+    s.choice_k = choice_k;
+  }
+  __syncthreads();
+  const uint16_t role = static_cast<int>(blockIdx.x) < max(num_comm, 1) ? kRoleComm : kRoleCompute;
+  tl_record(p, s, t0, role, kTaskCountExchange, choice_c, choice_k);  // spans routing .. end of the choice
+  if (p.policy == kPolicyWeave) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);
+  return true;
 }
 
 // Claim the next ticket (all threads get it).
@@ -113,10 +141,13 @@ __device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) 
 // L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1 tiles
 // of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its GEMM1.
 // Within a segment: column block, then row block (local rows first, then each source's).
-__device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
+// Also the weave policy's loop: there the comm CTAs enter it after their dispatch blocks (bubble stealing) and
+// claim from the same ticket, so no tile runs twice; `role` only labels the timeline records.
+__device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+                                               int num_comm, uint16_t role) {
   const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
-  const int num_compute = p.num_ctas - p.num_comm_ctas;
+  const int num_compute = p.num_ctas - num_comm;
   const int L = min(El, max(1, ceil_div(num_compute, n0 * max(1, NB / El))));
   const int num_seg = El + L;
   block_scan(
@@ -138,12 +169,12 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
     if (off < g0_tiles) {
       const int nblk = lv.expert_num_blocks(seg);
       const RowBlock b = lv.compute_block(lv.expert_first_block(seg) + off % nblk);
-      if (!gemm0_tile(p, s, smem, b, off / nblk, kRoleCompute)) return false;
+      if (!gemm0_tile(p, s, smem, b, off / nblk, role)) return false;
     } else {
       off -= g0_tiles;
       const int le = seg - L, nblk = lv.expert_num_blocks(le);
       const RowBlock b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
-      if (!gemm1_tile(p, s, smem, b, off / nblk, kRoleCompute, true)) return false;
+      if (!gemm1_tile(p, s, smem, b, off / nblk, role, true)) return false;
       if (threadIdx.x == 0) {
         __threadfence_system();
         if (atomicAdd(done, 1u) == static_cast<uint32_t>(NB * n1) - 1) post_combine_flags(p);
@@ -204,20 +235,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     const LayoutView lv{s, p};
     if (p.policy == kPolicySequential) {
       ok = sequential_body(p, s, smem, lv);
-    } else if (static_cast<int>(blockIdx.x) < p.num_comm_ctas) {
-      const int ND = lv.num_dispatch_blocks();
-      for (int i = blockIdx.x; i < ND; i += p.num_comm_ctas) {
-        const uint64_t t0 = tl_now(p);
-        const RowBlock b = lv.dispatch_block(i);
-        dispatch_block(p, s, b);
-        tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
-      }
-      if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
     } else {
-      ok = static_compute(p, s, smem, lv);
+      const int C = s.num_comm;
+      const bool comm = static_cast<int>(blockIdx.x) < C;
+      if (comm) {
+        const int ND = lv.num_dispatch_blocks();
+        for (int i = blockIdx.x; i < ND; i += C) {
+          const uint64_t t0 = tl_now(p);
+          const RowBlock b = lv.dispatch_block(i);
+          dispatch_block(p, s, b);
+          tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
+        }
+        if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
+      }
+      // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks. Dispatch never waits on
+      // a tile, so joining late cannot deadlock. One call site keeps one inlined copy of the tile code.
+      if (!comm || p.policy == kPolicyWeave) ok = static_compute(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
     }
     if (ok) {
-      const uint16_t role = (p.policy == kPolicyStatic && static_cast<int>(blockIdx.x) < p.num_comm_ctas)
+      const uint16_t role = (p.policy != kPolicySequential && static_cast<int>(blockIdx.x) < s.num_comm)
                                 ? kRoleComm : kRoleCompute;
       ok = reduce_phase(p, s, role);
     }

@@ -11,6 +11,18 @@ namespace weave {
 enum Policy : int32_t {
   kPolicySequential = 0,  // all CTAs: dispatch | GEMM0 | GEMM1 | combine | reduce, grid barriers between
   kPolicyStatic = 1,      // CTAs [0, num_comm_ctas) dispatch, the rest run GEMM tiles; all CTAs reduce
+  kPolicyWeave = 2,       // (c*, K*) chosen in the kernel from cost_table (num_comm_ctas = 0) or C fixed
+                          // (num_comm_ctas = C); comm CTAs dispatch, then steal GEMM tiles; all CTAs reduce
+};
+
+// ---- choice output of the weave policy (double [kChoiceLen], written by CTA 0 every weave call) -----------
+enum ChoiceSlot : int32_t {
+  kChoiceCommSms = 0,   // c* of the cost model (grid c in [1, table num_sms - 1])
+  kChoiceChunks = 1,    // K* of the cost model
+  kChoiceTimeNs = 2,    // predicted T(c*, K*) in ns
+  kChoiceUsedComm = 3,  // comm CTAs this call used: C of weave:C, else min(c*, num_ctas - 1)
+  kChoiceEpoch = 4,     // epoch of the call that wrote the slots
+  kChoiceLen = 8,
 };
 
 // ---- error word (err[0]); err[1] = CTA, err[2] = detail, err[3] = detail --------------------------------
@@ -34,6 +46,7 @@ enum TaskKind : uint16_t {
   kTaskCombine = 4,
   kTaskReduce = 5,
   kTaskWait = 6,
+  kTaskChoose = 7,  // weave: the in-kernel (c*, K*) choice; arg0 = c*, arg1 = K*
 };
 enum Role : uint16_t { kRoleComm = 0, kRoleCompute = 1 };
 
@@ -83,6 +96,9 @@ struct Params {
   int32_t* err;                  // [4]
   TimelineRecord* timeline;      // [num_ctas, timeline_per_cta] or null
   int32_t* timeline_count;       // [num_ctas]
+  // weave policy
+  const double* cost_table;      // [cost_table::kLen] float64 (weave_sim.costtable), null unless policy weave
+  double* choice;                // [kChoiceLen] (ChoiceSlot), null unless policy weave
   // sizes
   int32_t rank, world;
   int32_t num_tokens, top_k, hidden, inter;
