@@ -3,8 +3,11 @@
     torchrun --nproc_per_node=2 -m weave_kernel.bench --out bench.json
 
 For each model x tokens per GPU it times (a) the PyTorch EP reference (NCCL all_to_all + grouped_mm),
-(b) `sequential`, (c) `static:C` for a grid of C, and prints latency, speedup over (a), fraction of the
-weave_sim lower bound, achieved NVLink GB/s and TFLOP/s (per GPU). Latency of a call = max over ranks of
+(b) `sequential`, (c) `static:C` for a grid of C, (d) `weave` (the kernel's own (c*, K*) per call and rank)
+and `weave:C` for a grid of C, and prints latency, speedup over (a), fraction of the weave_sim lower bound,
+achieved NVLink GB/s and TFLOP/s (per GPU), then weave against the best static:C and static:20.
+Per result it stores the exchanged `counts` (pair-based dispatch rows, see weave_kernel/choice.py), the
+kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts. Latency of a call = max over ranks of
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
 Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.skewed_routing).
 """
@@ -24,6 +27,7 @@ import torch.distributed as dist
 from weave_sim.placement import contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 
+from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import skewed_routing
@@ -37,13 +41,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS), help="comma-separated preset names")
     ap.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="tokens per GPU, comma-separated")
     ap.add_argument("--comm", default=",".join(map(str, DEFAULT_COMM)), help="C values for static:C")
+    ap.add_argument("--weave-comm", default=None, help="C values for weave:C (default: --comm; '' = none)")
+    ap.add_argument("--no-weave", action="store_true", help="time only the reference, sequential and static:C")
+    ap.add_argument("--no-sequential", action="store_true", help="skip the sequential policy")
     ap.add_argument("--max-local-experts", type=int, default=0, help="cap experts per GPU (0 = the model's)")
     ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the routing skew")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="kernel_bench.json")
-    ap.add_argument("--trace", default="", help="write a Chrome trace of the best static:C of the first config")
+    ap.add_argument("--trace", default="", help="write a Chrome trace of the first config")
+    ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     return ap.parse_args(argv)
 
 
@@ -122,15 +130,29 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
     res["latency_ms"]["reference"] = max_over_ranks(
         time_call(lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx), args.warmup, args.repeats))
-    policies = ["sequential"] + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
+    policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
+    if not args.no_weave:
+        policies += ["weave"] + [f"weave:{c}" for c in args.weave_comm if c < layer.num_ctas]
+    # the counts the kernel exchanges (pair-based dispatch rows) and the cost model's choice for them
+    res["counts"] = counts_from_routing(gathered, model.num_experts, placement)
+    geo = geometry_model(H, I, model.num_experts, model.top_k, name=model.name)
+    py_choice = model_choice(res["counts"], geo, placement)
     errs = {}
     for pol in policies:
         y = layer(x, ids_d, w_d, w13, w2, policy=pol)  # checked call: raises on any kernel error
         errs[pol] = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
+        if pol == "weave":
+            kc = [None] * world
+            dist.all_gather_object(kc, layer.last_choice())
+            res["weave_choice"] = {
+                "kernel": kc, "cost_model": py_choice,
+                "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
+                "profile": "h200", "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
         ms = time_call(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.warmup, args.repeats)
         layer.raise_if_error()
         res["latency_ms"][pol] = max_over_ranks(ms)
-    res["max_rel_err_vs_reference"] = max_over_ranks(max(errs.values()))
+    res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
+    res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
 
     lb_ms, vol = lower_bound(all_ids, model, placement)
     statics = {p: t for p, t in res["latency_ms"].items() if p.startswith("static:")}
@@ -144,14 +166,26 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         "lower_bound_ms": lb_ms,
         "lower_bound_source": vol["bound"],
         "speedup_best_static": res["latency_ms"]["reference"] / t_best,
-        "speedup_sequential": res["latency_ms"]["reference"] / res["latency_ms"]["sequential"],
+        "speedup_sequential": (res["latency_ms"]["reference"] / res["latency_ms"]["sequential"]
+                               if "sequential" in res["latency_ms"] else None),
         "fraction_of_lower_bound": lb_ms / t_best,
         "nvlink_gbs_per_gpu": link_bytes / world / (t_best * 1e-3) / 1e9,
         "tflops_per_gpu": total_flops / world / (t_best * 1e-3) / 1e12,
     })
+    if "weave" in res["latency_ms"]:
+        t_w = res["latency_ms"]["weave"]
+        wc = {p: t for p, t in res["latency_ms"].items() if p.startswith("weave:")}
+        res.update({
+            "weave_vs_best_static": t_best / t_w,
+            "weave_vs_static20": res["latency_ms"]["static:20"] / t_w if "static:20" in res["latency_ms"] else None,
+            "weave_vs_reference": res["latency_ms"]["reference"] / t_w,
+            "best_weave_c": min(wc, key=wc.get) if wc else None,
+            "weave_fraction_of_lower_bound": lb_ms / t_w,
+        })
     if args.trace:
         from .timeline import process_metadata, write_chrome_trace
 
+        best = best if args.trace_policy == "best-static" else args.trace_policy
         layer(x, ids_d, w_d, w13, w2, policy=best, record_timeline=True)
         torch.cuda.synchronize()
         events, base = layer.timeline_events()
@@ -174,21 +208,85 @@ def format_table(rows: list[dict], header: str) -> str:
     for r in rows:
         lat = r["latency_ms"]
         b = r["best_static"]
-        lines.append(f"{r['model']:<18}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{lat['sequential']:>9.3f}"
-                     f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential']:>7.2f}"
+        lines.append(f"{r['model']:<18}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
+                     f"{lat.get('sequential', float('nan')):>9.3f}"
+                     f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential'] or float('nan'):>7.2f}"
                      f"{r['lower_bound_ms']:>8.3f}{100 * r['fraction_of_lower_bound']:>6.1f}"
                      f"{r['nvlink_gbs_per_gpu']:>7.0f}{r['tflops_per_gpu']:>7.0f}{r['max_rel_err_vs_reference']:>9.1e}")
     return "\n".join(lines)
 
 
+def format_weave_table(rows: list[dict]) -> str:
+    """weave vs the best static:C (after the fact, per config) vs static:20 vs the reference."""
+    lines = [f"{'model':<18}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
+             f"{'best weave:C':>14}{'ms':>8}{'w/best':>8}{'w/st20':>8}{'w/ref':>7}{'%LB':>6}  c*,K* per rank (agree)"]
+    for r in rows:
+        if "weave_vs_best_static" not in r:
+            continue
+        lat, b, bw = r["latency_ms"], r["best_static"], r.get("best_weave_c")
+        ch = r.get("weave_choice", {})
+        cks = " ".join(f"{k['c_star']},{k['k_star']}" if k else "?" for k in ch.get("kernel", []))
+        s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
+        w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
+        lines.append(f"{r['model']:<18}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
+                     f"{lat['weave']:>8.3f}{(bw or '-'):>14}{(lat[bw] if bw else float('nan')):>8.3f}"
+                     f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
+                     f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")
+    return "\n".join(lines)
+
+
+def weave_geomeans(rows: list[dict]) -> dict:
+    def geomean(v):
+        v = [x for x in v if x]
+        return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
+
+    out = {}
+    for label, sel in (("all", rows), ("prefill", [r for r in rows if r["tokens_per_gpu"] >= 2048])):
+        sel = [r for r in sel if "weave_vs_best_static" in r]
+        out[label] = {
+            "points": len(sel),
+            "weave_vs_best_static": geomean([r["weave_vs_best_static"] for r in sel]),
+            "weave_vs_static20": geomean([r["weave_vs_static20"] for r in sel]),
+            "weave_vs_reference": geomean([r["weave_vs_reference"] for r in sel]),
+            "best_static_vs_reference": geomean([r["speedup_best_static"] for r in sel]),
+        }
+        # the issue's baseline: one C for every config, chosen after the fact (the C best for the geomean)
+        common = set.intersection(*[{p for p in r["latency_ms"] if p.startswith("static:")} for r in sel]) if sel else set()
+        per_c = {p: geomean([r["latency_ms"][p] / r["latency_ms"]["weave"] for r in sel]) for p in common}
+        if per_c:
+            c1 = min(per_c, key=per_c.get)
+            out[label].update({"best_single_static": c1, "weave_vs_best_single_static": per_c[c1]})
+    lb = [r["weave_fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096 and
+          "weave_fraction_of_lower_bound" in r]
+    out["weave_fraction_of_lower_bound_4096_mean"] = float(np.mean(lb)) if lb else None
+    agree = [a for r in rows for a in r.get("weave_choice", {}).get("agrees", [])]
+    out["choice_agreement"] = f"{sum(agree)}/{len(agree)}"
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.comm = [int(c) for c in args.comm.split(",") if c]
+    args.weave_comm = args.comm if args.weave_comm is None else [int(c) for c in args.weave_comm.split(",") if c]
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda", torch.cuda.current_device())
     rows = []
+    gpu = torch.cuda.get_device_name(dev)
+
+    def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
+        header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
+                  f"routing, median of {args.repeats} after {args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
+        doc = {"header": header, "complete": final, "config": vars(args), "results": rows,
+               "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
+        if rows:
+            doc["geomean_speedup_best_static"] = float(np.exp(np.mean(np.log([r["speedup_best_static"] for r in rows]))))
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.out)
+
     for name in args.models.split(","):
         model = get_model(name)
         if args.max_local_experts and model.num_experts // world > args.max_local_experts:
@@ -203,10 +301,12 @@ def main(argv=None) -> int:
             if rank == 0:
                 lat = r["latency_ms"]
                 print(f"[{time.time() - t0:5.1f}s] {name} N={n}: " +
-                      " ".join(f"{k}={v:.3f}" for k, v in lat.items()), flush=True)
+                      " ".join(f"{k}={v:.3f}" for k, v in lat.items()) +
+                      (f" choice={[(k['c_star'], k['k_star']) if k else None for k in r['weave_choice']['kernel']]}"
+                       f" agrees={r['weave_choice']['agrees']}" if "weave_choice" in r else ""), flush=True)
+                dump(False)
         del layer, w13, w2
         torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name(dev)
     header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
               f"routing, median of {args.repeats} after {args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
     if rank == 0:
@@ -220,10 +320,19 @@ def main(argv=None) -> int:
         print(f"geomean speedup of best static:C over the reference: {geo:.2f}x (all), {geo_prefill:.2f}x "
               f"(>= 2048 tokens per GPU); fraction of the lower bound at 4096: "
               + (f"mean {np.mean(lb4096):.2f}, min {np.min(lb4096):.2f}" if lb4096 else "n/a"))
-        with open(args.out, "w") as f:
-            json.dump({"header": header, "config": vars(args), "geomean_speedup_best_static": geo,
-                       "geomean_speedup_best_static_prefill": geo_prefill,
-                       "results": rows}, f, indent=1)
+        dump(True)
+        if not args.no_weave:
+            print(format_weave_table(rows))
+            wg = weave_geomeans(rows)
+            for label in ("prefill", "all"):
+                g = wg[label]
+                print(f"geomean ({label}, {g['points']} points): weave vs best static:C per config "
+                      f"{g['weave_vs_best_static']:.3f}x, vs best single {g.get('best_single_static')} "
+                      f"{g.get('weave_vs_best_single_static', float('nan')):.3f}x, "
+                      f"vs static:20 {g['weave_vs_static20']:.3f}x, vs reference {g['weave_vs_reference']:.3f}x "
+                      f"(best static vs reference {g['best_static_vs_reference']:.3f}x)")
+            print(f"weave fraction of the lower bound at 4096 (mean): {wg['weave_fraction_of_lower_bound_4096_mean']}; "
+                  f"in-kernel choice == weave_sim.costmodel.choose: {wg['choice_agreement']} (rank, config) pairs")
     dist.barrier()
     dist.destroy_process_group()
     return 0

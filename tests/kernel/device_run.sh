@@ -1,12 +1,15 @@
 #!/bin/bash
-# One device-machine session: build once, GPU correctness (2 ranks and 1 rank), GEMM probe, benchmark.
-# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,probe,bench,sanitize)
-# Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS.
+# One device-machine session: build once, GPU correctness (2 ranks and 1 rank), GEMM probe, benchmark, sanitizer.
+# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,probe,bench,sanitize,summary;
+# they run in that order). Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS, its JSON goes to
+# $BENCH_OUT (default $OUT/kernel_bench.json). SAN_BEFORE_S: run the sanitizer only if fewer seconds than this
+# have passed since the script started (default: always).
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weave_ext} MAX_JOBS=16 PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=4
 STAGES=${1:-build,test2,test1,probe,bench}
+BENCH_OUT=${BENCH_OUT:-$OUT/kernel_bench.json}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if has build; then
@@ -15,24 +18,31 @@ if has build; then
   echo "SASS: $(cuobjdump -sass $so | grep -c HGMMA) HGMMA, $(cuobjdump -sass $so | grep -c ' HMMA') HMMA" | tee -a $OUT/build.log
 fi
 if has test2; then
-  timeout 400 torchrun --nproc_per_node=2 tests/kernel/gpu_worker.py --trace-dir /tmp > $OUT/test2.log 2>&1; echo "test2 rc $?"
-  grep -E "PASS|FAIL|SUMMARY|Error|error" $OUT/test2.log | cut -c1-200 | tail -45
+  timeout ${TEST2_TIMEOUT:-400} torchrun --nproc_per_node=2 tests/kernel/gpu_worker.py --trace-dir /tmp > $OUT/test2.log 2>&1; echo "test2 rc $? [${SECONDS}s]"
+  echo "test2: $(grep -c '^PASS' $OUT/test2.log) PASS lines, $(grep -c '^FAIL' $OUT/test2.log) FAIL lines"
+  grep -E "^FAIL|^  rank|SUMMARY|CHOICE AGREEMENT|weave timeline|Error" $OUT/test2.log | cut -c1-240 | head -20
 fi
 if has test1; then
-  timeout 200 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/test1.log 2>&1; echo "test1 rc $?"
-  grep -E "FAIL|SUMMARY|Error" $OUT/test1.log | cut -c1-200 | tail -8
+  timeout ${TEST1_TIMEOUT:-200} torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/test1.log 2>&1; echo "test1 rc $? [${SECONDS}s]"
+  grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/test1.log | cut -c1-200 | tail -8
 fi
 if has probe; then
   timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5
 fi
-if has sanitize; then
+if has bench; then
+  timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 -m weave_kernel.bench --out $BENCH_OUT $BENCH_ARGS > $OUT/bench.log 2>&1; echo "bench rc $? [${SECONDS}s]"
+  grep -E "Error|error" $OUT/bench.log | head -5
+fi
+if has sanitize && (( SECONDS < ${SAN_BEFORE_S:-1000000} )); then
   for tool in memcheck racecheck; do
     timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --report-api-errors no --target-processes all torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --sanitize > /tmp/sanitize_$tool.log 2>&1
-    echo "sanitize $tool rc $?" | tee -a $OUT/sanitize.log
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY|PASS|FAIL|Invalid|Race" /tmp/sanitize_$tool.log | head -20 | tee -a $OUT/sanitize.log
+    echo "sanitize $tool rc $? [${SECONDS}s]" | tee -a $OUT/sanitize.log
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY|PASS|FAIL|Invalid|Race" /tmp/sanitize_$tool.log | head -20 >> $OUT/sanitize.log
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL" /tmp/sanitize_$tool.log | head -3
+    (( SECONDS < ${SAN_BEFORE_S:-1000000} )) || break
   done
 fi
-if has bench; then
-  timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 -m weave_kernel.bench --out $OUT/kernel_bench.json $BENCH_ARGS > $OUT/bench.log 2>&1; echo "bench rc $?"
-  tail -22 $OUT/bench.log
+if has summary; then
+  echo "== [${SECONDS}s] summary"; grep -E "SUMMARY|CHOICE AGREEMENT" $OUT/test2.log $OUT/test1.log 2>/dev/null
+  sed -n '/best weave:C/,$p' $OUT/bench.log | cut -c1-200
 fi
