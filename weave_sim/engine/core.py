@@ -59,7 +59,6 @@ class LayerSim:
         slot = cls.copy()
         slot[graph.kind == K_COMBINE] = _Q_COMBINE  # combine waits apart from dispatch (compute SMs may join it)
         self._slot = slot.tolist()
-        self._kind = graph.kind.tolist()
         self._gpu = graph.gpu.tolist()
         self._peer = graph.peer.tolist()
         self._bytes = graph.nbytes.tolist()
