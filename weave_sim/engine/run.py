@@ -203,6 +203,8 @@ class SweepTable:
             "best_static": self.best_static,
             "speedup_vs_sequential_total": (self.sequential_ns.sum() / tot).tolist(),
             "speedup_vs_best_static_total": (self.best_static_ns.sum() / tot).tolist(),
+            "plans": {p: [self.results[l, p].plan.to_dict() for l in self.layers] for p in self.policies
+                      if all((l, p) in self.results for l in self.layers)},
         }
 
     def format(self) -> str:
