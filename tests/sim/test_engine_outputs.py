@@ -75,6 +75,12 @@ def test_unknown_policies_are_errors(layer, profile):
         simulate_layer(layer, profile, "static")
     with pytest.raises(ValueError):
         simulate_layer(layer, profile, "static:0")
+    for bad in ({"tile_rows": 0}, {"jitter": -1.0}, {"fairness": "fifo"}, {"dispatch_order": "random"},
+                {"comm_chunk_rows": 0}):
+        with pytest.raises(ValueError):
+            simulate_layer(layer, profile, "weave", **bad)
+    with pytest.raises(TypeError):
+        simulate_layer(layer, profile, "weave", tile_row=64)  # unknown options are errors
 
 
 def test_model_and_sweep(profile):

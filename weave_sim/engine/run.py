@@ -48,6 +48,23 @@ class SimOptions:
     fairness: str = "shares"
     record_timeline: bool = False
 
+    def __post_init__(self) -> None:
+        from .dag import DISPATCH_ORDERS
+        from .hardware import FAIRNESS
+
+        if self.tile_rows < 1 or self.tile_cols < 1:
+            raise ValueError(f"tile sizes must be >= 1, got {self.tile_rows} x {self.tile_cols}")
+        for name in ("comm_chunk_rows", "gemm_tasks_per_sm"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be None or >= 1, got {v}")
+        if not self.jitter >= 0:
+            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+        if self.dispatch_order not in DISPATCH_ORDERS:
+            raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {self.dispatch_order!r}")
+        if self.fairness not in FAIRNESS:
+            raise ValueError(f"fairness must be one of {FAIRNESS}, got {self.fairness!r}")
+
 
 class SimContext:
     """One layer plus options; `simulate(plan)` runs the engine (policies call it, possibly many times)."""
