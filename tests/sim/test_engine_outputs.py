@@ -17,7 +17,7 @@ from weave_sim.presets import get_model
 from weave_sim.profile import load_profile
 from weave_sim.workload import layer_workload
 
-TRACE_NAMES = {"count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait"}
+TRACE_NAMES = {"count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait", "choose"}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,13 @@ def test_chrome_trace_schema(layer, profile, tmp_path):
     events = doc["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
     assert {e["name"] for e in xs} <= TRACE_NAMES
-    assert {"dispatch", "gemm0", "gemm1", "combine", "wait"} <= {e["name"] for e in xs}
+    assert {"dispatch", "gemm0", "gemm1", "combine", "wait", "choose"} <= {e["name"] for e in xs}
+    try:  # the kernel's trace uses the same names (weave_kernel may need torch: then skip this check)
+        from weave_kernel.timeline import KIND_NAMES as KERNEL_KINDS
+    except ImportError:
+        KERNEL_KINDS = TRACE_NAMES
+    assert TRACE_NAMES <= set(KERNEL_KINDS)
+    assert all(set(e["args"]) == {"c_star", "k_star"} for e in xs if e["name"] == "choose")
     assert {e["cat"] for e in xs} <= {"comm", "compute"}
     assert all(0 <= e["pid"] < 4 and 0 <= e["tid"] < 16 and e["dur"] >= 0 for e in xs)
     busy = {}

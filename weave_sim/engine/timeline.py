@@ -2,7 +2,8 @@
 
 Layout: one process per GPU (pid = GPU index), one thread per SM (tid = SM index). Every task an SM ran
 is a complete event (ph 'X', ts and dur in microseconds) named by its kind (count_exchange, dispatch,
-gemm0, gemm1, combine, reduce; the kernel's trace uses the same names) with cat = the SM's role ('comm' or
+gemm0, gemm1, combine, reduce, and 'choose' for the tail of Weave's count exchange that decides (c*, K*),
+args c_star and k_star: the names and args of weave_kernel/timeline.py) with cat = the SM's role ('comm' or
 'compute'; under `sequential`, where SMs have no fixed role, the task's own nature). Gaps between an SM's
 tasks up to its GPU's end are 'wait' events. NVLink rates are counter tracks (ph 'C', 'nvlink GB/s',
 args egress and ingress) per GPU: sampled at every rate change when the run recorded them
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dag import C_COMM, C_CTRL, C_VIRTUAL, KIND_NAMES
+from .dag import C_COMM, C_CTRL, C_VIRTUAL, K_CTRL, KIND_NAMES
 from .hardware import ROLE_ANY, ROLE_NAMES
 from .metrics import LayerResult
 
@@ -43,9 +44,16 @@ def chrome_trace_events(result: LayerResult) -> list[dict]:
             args.update(peer=int(g_.peer[t]), bytes=int(g_.nbytes[t]))
         if g_.tiles[t] > 1:
             args["tiles"] = int(g_.tiles[t])
+        start, end = int(result.start_ns[t]), int(result.end_ns[t])
+        decision = result.plan.decision_ns if g_.kind[t] == K_CTRL else 0
+        if decision:  # the kernel records its in-kernel (c*, K*) decision as a separate 'choose' event
+            events.append({"ph": "X", "name": "choose", "cat": cat, "pid": g, "tid": sm,
+                           "ts": (end - decision) / 1e3, "dur": decision / 1e3,
+                           "args": {"c_star": int(result.plan.num_comm_sms[g]),
+                                    "k_star": int(result.plan.num_chunks[g])}})
+            end -= decision
         events.append({"ph": "X", "name": KIND_NAMES[g_.kind[t]], "cat": cat, "pid": g, "tid": sm,
-                       "ts": result.start_ns[t] / 1e3, "dur": (result.end_ns[t] - result.start_ns[t]) / 1e3,
-                       "args": args})
+                       "ts": start / 1e3, "dur": (end - start) / 1e3, "args": args})
     events += _waits(result, ran)
     events += _counters(result)
     return events
