@@ -103,6 +103,8 @@ def test_model_and_sweep(profile):
         plot_gantt(res.layers[0], "unused.png")
     kept = simulate_model(routing, m, place, profile, "weave", layers=[1], keep_records=True)
     assert kept.layers[0].has_records
+    par = sweep(routing, m, place, profile, ["static:4", "weave"], static_grid=(2, 4, 8), workers=2)
+    assert np.array_equal(par.latency_ns, table.latency_ns) and np.array_equal(par.static_ns, table.static_ns)
     json.dumps(table.to_dict())
 
 

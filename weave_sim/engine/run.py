@@ -160,24 +160,52 @@ def _layer_ids(routing: np.ndarray, layers) -> list[int]:
     return list(range(routing.shape[1])) if layers is None else [int(x) for x in layers]
 
 
+def _layer_job(job) -> list[LayerResult]:
+    """Every policy spec of one layer (runs in a worker process when workers > 1)."""
+    ids, model, placement, profile, specs, layer, seed, keep_records, options = job
+    w = layer_workload(ids, model, placement)
+    out = []
+    for spec in specs:
+        r = simulate_layer(w, profile, spec, seed=seed, layer=layer, **options)
+        out.append(r if keep_records else r.drop_records())
+    return out
+
+
+def _run_layers(routing, model, placement, profile, specs, ids, *, seed, keep_records, options, workers,
+                progress, desc) -> dict:
+    """{(layer, spec): LayerResult} for every layer in `ids`; layers run in `workers` processes.
+
+    Each simulation is a pure function of its inputs, so the results do not depend on `workers`.
+    """
+    SimOptions(seed=seed, **options)  # validate before any work is spread out
+    jobs = [(routing[:, layer, :], model, placement, profile, specs, layer, seed, keep_records, options)
+            for layer in ids]
+    if workers <= 1 or len(jobs) <= 1:
+        done = [_layer_job(j) for j in _progress(jobs, progress, len(jobs), desc)]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            done = list(_progress(pool.map(_layer_job, jobs), progress, len(jobs), desc))
+    return {(layer, spec): r for layer, rs in zip(ids, done) for spec, r in zip(specs, rs)}
+
+
 def simulate_model(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policy: str,
                    *, layers=None, seed: int = 0, progress: bool = False, keep_records: bool = False,
-                   **options) -> ModelResult:
+                   workers: int = 1, **options) -> ModelResult:
     """Simulate `policy` on every layer of routing int [num_tokens, num_layers, top_k] (or `layers` only).
 
     keep_records: keep each layer's per-task records (for traces and Gantt charts of any layer); by default
     they are dropped after the metrics are computed, so a 58-layer model does not hold ~0.6 GB.
+    workers: processes to spread the layers over (results are identical for any value).
     """
     routing = np.asarray(routing)
     if routing.ndim != 3:
         raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
-    out = ModelResult(model.name, policy)
     ids = _layer_ids(routing, layers)
-    for layer in _progress(ids, progress, len(ids), policy):
-        w = layer_workload(routing[:, layer, :], model, placement)
-        r = simulate_layer(w, profile, policy, seed=seed, layer=layer, **options)
-        out.layers.append(r if keep_records else r.drop_records())
-    return out
+    res = _run_layers(routing, model, placement, profile, [policy], ids, seed=seed, keep_records=keep_records,
+                      options=options, workers=workers, progress=progress, desc=policy)
+    return ModelResult(model.name, policy, [res[layer, policy] for layer in ids])
 
 
 @dataclass(eq=False)
@@ -240,23 +268,18 @@ class SweepTable:
 
 def sweep(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policies, *,
           layers=None, static_grid=DEFAULT_STATIC_GRID, seed: int = 0, progress: bool = False,
-          keep_records: bool = False, **options) -> SweepTable:
+          keep_records: bool = False, workers: int = 1, **options) -> SweepTable:
     """Every policy on every layer, plus sequential and static:C over `static_grid` for the speedup columns.
 
     `results[(layer, spec)]` holds each LayerResult (per-task records dropped unless keep_records).
+    workers: processes to spread the layers over (results are identical for any value).
     """
     routing = np.asarray(routing)
     ids = _layer_ids(routing, layers)
     grid = tuple(c for c in static_grid if c < profile.num_sms)
     specs = list(dict.fromkeys([*policies, "sequential", *(f"static:{c}" for c in grid)]))
-    results = {}
-    work = [(layer, spec) for layer in ids for spec in specs]
-    wl = {}
-    for layer, spec in _progress(work, progress, len(work), "sweep"):
-        if layer not in wl:
-            wl = {layer: layer_workload(routing[:, layer, :], model, placement)}
-        r = simulate_layer(wl[layer], profile, spec, seed=seed, layer=layer, **options)
-        results[layer, spec] = r if keep_records else r.drop_records()
+    results = _run_layers(routing, model, placement, profile, specs, ids, seed=seed, keep_records=keep_records,
+                          options=options, workers=workers, progress=progress, desc="sweep")
     lat = np.array([[results[l, p].latency_ns for p in policies] for l in ids], dtype=np.int64)
     seq = np.array([results[l, "sequential"].latency_ns for l in ids], dtype=np.int64)
     st = np.array([[results[l, f"static:{c}"].latency_ns for c in grid] for l in ids], dtype=np.int64)
