@@ -174,6 +174,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     b = _Builder()
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G  # ring[g, j]: j-th source of g
 
+    # Weave's decision is charged inside the count-exchange task (strictly it follows the remote counts'
+    # arrival; the delay before any dispatch is the same either way).
     cx = b.add(K_CTRL, np.arange(G), work_ns=fx["count_exchange"] + plan.decision_ns)
     known = b.add(K_BARRIER, np.arange(G), delay_ns=(fx["host_sync"] + fx["launch"]) if seq else 0)
     b.edges(cx[:, None], known[None, :])
@@ -285,8 +287,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     red_bytes = (w.pair_counts.sum(axis=(1, 2)) + tokens) * row_bytes  # read k rows, write one
     pieces = np.minimum(N, tokens)
     red_gpu = np.repeat(np.arange(G), pieces)
-    per_sm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
-    red_ns = np.ceil(red_bytes[red_gpu] / np.maximum(pieces[red_gpu], 1) / per_sm_gbs).astype(np.int64)
+    red_ns = np.ceil(red_bytes[red_gpu] / np.maximum(pieces[red_gpu], 1) / per_sm_hbm_gbs).astype(np.int64)
     red = b.add(K_REDUCE, red_gpu, work_ns=red_ns, nbytes=0, prio=np.arange(red_gpu.size))
     b.edges(rgate[red_gpu], red)
     return b.build(G, {g: {"gemm0_tiles_per_task": int(batch[g][0]), "gemm1_tiles_per_task": int(batch[g][1])}
