@@ -131,7 +131,7 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, h0 + 32 * (i & 3) < I);  // I % 128 != 0
   TileAcc acc;
-  tile_mainloop(op, H, b.num_rows, smem, acc);
+  tile_mainloop(op, H, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_swiglu(acc, st);
   __syncthreads();
@@ -186,7 +186,7 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
 #pragma unroll
   for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < H);
   TileAcc acc;
-  tile_mainloop(op, I, b.num_rows, smem, acc);  // ends with __syncthreads: s.pair is visible
+  tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_plain(acc, st);
   __syncthreads();

@@ -41,18 +41,23 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// acc = A[BM, K] * B[BN, K]^T for the first num_rows rows (a warpgroup whose 64 rows are all past num_rows
-// skips its MMAs: decode-sized blocks cost half). K % kBlockK == 0; smem 1024-byte aligned.
+// acc = A[BM, K] * B[BN, K]^T; rows past the block's rows are zero-filled by the loader, so they compute
+// zeros that no epilogue stores. K % kBlockK == 0; smem 1024-byte aligned.
 // One wgmma group stays in flight while the next stage is waited for and the one after is prefetched; a
 // stage is refilled only after both warpgroups retired the MMAs that read it. Ends with a __syncthreads.
-__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, int num_rows, uint8_t* smem,
-                                              TileAcc& acc) {
+//
+// No wgmma instruction may sit under a branch that depends on the thread (e.g. "this warpgroup's 64 rows are
+// all padding, skip"): ptxas cannot prove such a branch warpgroup-uniform, inserts a warpgroup dependency
+// barrier (WG.DP) in the divergent path and then serialises every wgmma of the kernel (warning C7518: each
+// HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). An earlier
+// version skipped the MMAs of an all-padding warpgroup that way; both warpgroups now always issue them
+// (tests/kernel/test_csrc.py asserts that ptxas reports no C7518).
+__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uint8_t* smem, TileAcc& acc) {
   static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && Config::kThreads == 256,
                 "wgmma path: two warpgroups x m64n256");
   static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
   static_assert(Config::kStages == 3, "refill-after-retire order assumes 3 stages");
   const int wg = threadIdx.x / 128;
-  const bool active = wg * 64 < num_rows;
 #pragma unroll
   for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
   const int num_k = K / Config::kBlockK;
@@ -66,22 +71,20 @@ __device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, int
     cp_async_wait<Config::kStages - 2>();  // stage kt landed (this thread's copies)
     fence_proxy_async_smem();              // cp.async wrote through the generic proxy; wgmma reads via async
     __syncthreads();                       // ... and every thread's copies landed
-    if (active) {
-      const uint32_t sa = smem_base + (kt % Config::kStages) * Config::kSmemStage + wg * 64 * 128;
-      const uint32_t sb = smem_base + (kt % Config::kStages) * Config::kSmemStage + Config::kSmemA;
-      wgmma_fence();
+    const uint32_t sa = smem_base + (kt % Config::kStages) * Config::kSmemStage + wg * 64 * 128;
+    const uint32_t sb = smem_base + (kt % Config::kStages) * Config::kSmemStage + Config::kSmemA;
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
-        wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
-    }
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
+      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
     __syncthreads();  // both warpgroups are done with stage kt-1: refill it
     const int next = kt + Config::kStages - 1;
     if (next < num_k) load_stage(op, smem, next % Config::kStages, next * Config::kBlockK);
     cp_async_commit();
   }
-  if (active) wgmma_wait<0>();
+  wgmma_wait<0>();
   cp_async_wait<0>();
   __syncthreads();
 }
