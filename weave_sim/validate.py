@@ -20,13 +20,9 @@ from .presets import ModelPreset
 from .profile import HardwareProfile
 from .workload import workload_from_counts
 
-# kernel policy name -> simulator policy spec ("sequential" in the kernel is phase-separated inside one
-# launch, with no host round trip: the simulator's `sequential:fused`).
-KERNEL_TO_SIM = {"sequential": "sequential:fused"}
-
-
 def sim_policy(kernel_policy: str) -> str:
-    return KERNEL_TO_SIM.get(kernel_policy, kernel_policy)
+    """The engine's model of the megakernel under `kernel_policy` (engine/policies/kernel.py)."""
+    return f"kernel:{kernel_policy}"
 
 
 @dataclass

@@ -52,14 +52,15 @@ def scenarios(draw):
 @st.composite
 def plans(draw, G: int, N: int):
     choice = draw(st.sampled_from(["sequential", "static", "weave", "random"]))
-    ks = st.sampled_from([1, 2, 4, 8])
+    ks = st.sampled_from([1, 2, 4, 8, 64])
     if choice == "sequential":
-        return Plan("sequential", (N,) * G, (1,) * G, sequential=True)
+        return Plan("sequential", (N,) * G, (1,) * G, sequential=True, fused=draw(st.booleans()))
     if choice == "static":
         return Plan("static", (draw(st.integers(1, N - 1)),) * G, (draw(ks),) * G)
     c = tuple(draw(st.integers(1, N - 1)) for _ in range(G))
     return Plan(choice, c, tuple(draw(ks) for _ in range(G)), steal=draw(st.booleans()),
-                all_join_combine=draw(st.booleans()), decision_ns=draw(st.sampled_from([0, 600])))
+                all_join_combine=draw(st.booleans()), decision_ns=draw(st.sampled_from([0, 600])),
+                combine_in_epilogue=draw(st.booleans()))
 
 
 def simulate_plan(w, profile, opts, plan):
@@ -92,9 +93,9 @@ def check_invariants(res, sim, w, profile) -> None:
     assert not np.any((role == ROLE_COMPUTE) & ((c_ran == C_CTRL) | (g.kind[ran] == K_DISPATCH)))
     if not res.plan.steal:
         assert not np.any((role == ROLE_COMM) & (c_ran == C_GEMM))
-    if not res.plan.all_join_combine:
+    if not (res.plan.all_join_combine or res.plan.combine_in_epilogue):
         assert not np.any((role == ROLE_COMPUTE) & (c_ran == C_COMM))
-    else:  # compute SMs push combine rows only once every GEMM task of their GPU has started
+    elif not res.plan.combine_in_epilogue:  # compute SMs push combine rows only once every GEMM task started
         for gg in range(G):
             m = (role == ROLE_COMPUTE) & (c_ran == C_COMM) & (gpu[ran] == gg)
             gm = (cls == C_GEMM) & (gpu == gg)

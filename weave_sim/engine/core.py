@@ -7,7 +7,8 @@ delay); an SM runs one task at a time. Time is integer ns on SimPy's own event q
 Claiming. Ready tasks wait in per-GPU heaps, one per queue (control, dispatch, GEMM, reduce, combine),
 ordered by (priority, task id). A worker that finishes a task claims the next one allowed to its role:
     comm role:    control, dispatch, combine, [GEMM if the plan steals bubbles], reduce
-    compute role: GEMM, [combine once every GEMM task of its GPU is claimed, if all SMs join combine], reduce
+    compute role: GEMM, [combine once every GEMM task of its GPU is claimed, if all SMs join combine], reduce;
+                  with combine in the epilogue: combine (whenever ready), GEMM, reduce
     any role (sequential plans, every SM): control, dispatch, combine, GEMM, reduce
 A worker that finds nothing parks on its own event. When tasks become ready, parked workers are woken
 role by role (compute before comm, so stolen GEMM tasks only go to comm SMs no compute SM wants), most
@@ -77,9 +78,14 @@ class LayerSim:
         self._gemm_left = np.bincount(graph.gpu[cls == C_GEMM], minlength=G).tolist()
         self._touched: set[int] = set()
         self._all_join = plan.all_join_combine
+        self._epilogue = plan.combine_in_epilogue
         steal = [C_GEMM] if plan.steal else []
+        if plan.combine_in_epilogue:  # ready result rows go out before the next GEMM task is taken
+            compute = [_Q_COMBINE, C_GEMM, C_REDUCE]
+        else:
+            compute = [C_GEMM, _Q_COMBINE, C_REDUCE] if plan.all_join_combine else [C_GEMM, C_REDUCE]
         self._allowed = {ROLE_COMM: [C_CTRL, C_COMM, _Q_COMBINE, *steal, C_REDUCE],
-                         ROLE_COMPUTE: [C_GEMM, _Q_COMBINE, C_REDUCE] if plan.all_join_combine else [C_GEMM, C_REDUCE],
+                         ROLE_COMPUTE: compute,
                          ROLE_ANY: [C_CTRL, C_COMM, _Q_COMBINE, C_GEMM, C_REDUCE]}
         self.roles = np.full((G, N), ROLE_ANY, dtype=np.int8)
         if not plan.sequential:
@@ -151,7 +157,7 @@ class LayerSim:
             heap = queues[c]
             if not heap:
                 continue
-            if c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0:
+            if c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0 and not self._epilogue:
                 continue  # compute SMs join combine only after the last GEMM task is claimed
             t = heapq.heappop(heap)[1]
             if c == C_GEMM:
@@ -165,7 +171,8 @@ class LayerSim:
         """Whether a worker of `role` on GPU g could claim a ready task now (read-only twin of _pick)."""
         queues = self._queues[g]
         for c in self._allowed[role]:
-            if queues[c] and not (c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0):
+            if queues[c] and not (c == _Q_COMBINE and role == ROLE_COMPUTE and self._gemm_left[g] > 0
+                                  and not self._epilogue):
                 return True
         return False
 

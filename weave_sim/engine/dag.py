@@ -171,13 +171,16 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     cr = int(comm_chunk_rows or tile_rows)
     fx = profile.fixed_ns
     seq = plan.sequential
+    # phase boundaries of a sequential plan: kernel launches (and one host sync), or grid barriers when fused
+    boundary_ns = fx["grid_barrier"] if plan.fused else fx["launch"]
     b = _Builder()
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G  # ring[g, j]: j-th source of g
 
     # Weave's decision is charged inside the count-exchange task (strictly it follows the remote counts'
     # arrival; the delay before any dispatch is the same either way).
     cx = b.add(K_CTRL, np.arange(G), work_ns=fx["count_exchange"] + plan.decision_ns)
-    known = b.add(K_BARRIER, np.arange(G), delay_ns=(fx["host_sync"] + fx["launch"]) if seq else 0)
+    first_ns = fx["grid_barrier"] if plan.fused else fx["host_sync"] + fx["launch"]
+    known = b.add(K_BARRIER, np.arange(G), delay_ns=first_ns if seq else 0)
     b.edges(cx[:, None], known[None, :])
 
     # Dispatch streams s -> d (s != d), each cut into chunks of cr rows.
@@ -191,7 +194,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     nch = -(-R.ravel() // cr)
     stream_base = (np.cumsum(nch) - nch).reshape(G, G) + (disp[0] if disp.size else 0)
     if seq:
-        gate = b.add(K_BARRIER, np.arange(G), delay_ns=fx["launch"])
+        gate = b.add(K_BARRIER, np.arange(G), delay_ns=boundary_ns)
         b.edges(known, gate)
         b.edges(disp, gate[st_src])
         b.edges(disp, gate[st_dst])
@@ -257,7 +260,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     own1, g1 = gemm_tasks(K_GEMM1, H, I, b1, 1)
     b.edges(g0done[own1], g1)
     chunk_base = np.concatenate([[0], np.cumsum(K)[:-1]])
-    cdone = b.add(K_BARRIER, np.repeat(np.arange(G), K), delay_ns=fx["launch"] if seq else 0,
+    cdone = b.add(K_BARRIER, np.repeat(np.arange(G), K), delay_ns=boundary_ns if seq else 0,
                   chunk=np.arange(K.sum()) - np.repeat(chunk_base, K))
     b.edges(known[np.repeat(np.arange(G), K)], cdone)
     b.edges(g1, cdone[chunk_base[rb_gpu[own1]] + rb_chunk[own1]])

@@ -21,6 +21,10 @@ class Plan:
     sequential: no overlap (NCCL all-to-all + grouped GEMM): host sync and a launch before dispatch, a launch
         before the GEMMs (after the GPU's dispatch traffic, both directions, is complete), a launch before combine.
     decision_ns: extra time of the count-exchange task for an in-kernel decision (Weave's spatial scheduler).
+    fused: with `sequential`, the phases run inside one persistent launch (the megakernel's `sequential`):
+        phase boundaries cost a grid barrier instead of a host sync and kernel launches.
+    combine_in_epilogue: compute SMs push a row block's results as soon as they are ready, ahead of new
+        GEMM work, as the megakernel's GEMM1 epilogue does (pair it with one combine chunk per row block).
     """
 
     label: str
@@ -30,6 +34,8 @@ class Plan:
     all_join_combine: bool = False
     sequential: bool = False
     decision_ns: int = 0
+    fused: bool = False
+    combine_in_epilogue: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_comm_sms", tuple(int(c) for c in self.num_comm_sms))
@@ -52,5 +58,5 @@ class Plan:
         return {
             "label": self.label, "num_comm_sms": list(self.num_comm_sms), "num_chunks": list(self.num_chunks),
             "steal": self.steal, "all_join_combine": self.all_join_combine, "sequential": self.sequential,
-            "decision_ns": self.decision_ns,
+            "decision_ns": self.decision_ns, "fused": self.fused, "combine_in_epilogue": self.combine_in_epilogue,
         }

@@ -7,13 +7,14 @@ colon, or None. A new policy is one module with a `run(ctx, arg)` function and o
 """
 from __future__ import annotations
 
-from . import oracle, sequential, static, weave
+from . import kernel, oracle, sequential, static, weave
 
 POLICIES = {
     "sequential": sequential.run,
     "static": static.run,
     "weave": weave.run,
     "oracle": oracle.run,
+    "kernel": kernel.run,
 }
 
 

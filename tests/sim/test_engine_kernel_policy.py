@@ -1,0 +1,55 @@
+"""`kernel:P` models the megakernel's own scheduling; check what distinguishes it from the ideal policies."""
+import numpy as np
+import pytest
+
+from weave_sim.engine import simulate_layer
+from weave_sim.engine.dag import C_COMM, K_GEMM1
+from weave_sim.engine.hardware import ROLE_COMPUTE
+from weave_sim.placement import contiguous
+from weave_sim.presets import ModelPreset
+from weave_sim.profile import load_profile
+from weave_sim.workload import layer_workload
+
+PROFILE = load_profile()
+
+
+@pytest.fixture(scope="module")
+def layer():
+    model = ModelPreset("m", 2048, 768, 16, 4, 0, 1)
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((2 * 1024, 16)), axis=1)[:, :4]
+    return layer_workload(ids, model, contiguous(16, 2))
+
+
+def test_fused_sequential_skips_host_sync(layer):
+    host = simulate_layer(layer, PROFILE, "sequential").latency_ns
+    fused = simulate_layer(layer, PROFILE, "kernel:sequential").latency_ns
+    fx = PROFILE.fixed_ns
+    saved = fx["host_sync"] + 3 * fx["launch"] - 3 * fx["grid_barrier"]
+    assert host - fused == pytest.approx(saved, abs=2 * fx["signal"] + 1000)
+
+
+def test_epilogue_combine_runs_on_compute_sms_during_gemms(layer):
+    r = simulate_layer(layer, PROFILE, "kernel:static:8")
+    g = r.graph
+    comm = np.flatnonzero(g.cls == C_COMM)
+    by_compute = comm[r.roles[g.gpu[comm], r.sm[comm]] == ROLE_COMPUTE]
+    assert by_compute.size > 0
+    gemm_end = r.end_ns[g.kind == K_GEMM1].max()
+    assert r.start_ns[by_compute].min() < gemm_end  # pushed while other GEMMs still run
+    assert r.plan.combine_in_epilogue and not r.plan.steal
+
+
+def test_kernel_weave_uses_the_cost_model_choice(layer):
+    from weave_sim import costmodel as cm
+
+    r = simulate_layer(layer, PROFILE, "kernel:weave")
+    choice = cm.choose(cm.Volumes.from_workloads([layer], PROFILE), PROFILE)
+    assert r.plan.num_comm_sms == tuple(choice.num_comm_sms[0]) and r.plan.steal
+    assert simulate_layer(layer, PROFILE, "kernel:weave:12").plan.num_comm_sms == (12, 12)
+
+
+@pytest.mark.parametrize("spec", ["kernel", "kernel:static", "kernel:bogus:3", "kernel:sequential:2"])
+def test_bad_kernel_specs(layer, spec):
+    with pytest.raises(ValueError, match="kernel"):
+        simulate_layer(layer, PROFILE, spec)

@@ -1,0 +1,47 @@
+"""`kernel:P`: the scheduling of weave_kernel's megakernel under its policy P, for validation against it.
+
+The megakernel differs from the idealised policies in ways that change its timeline:
+- `kernel:sequential`: phases inside one persistent launch, separated by grid barriers (no host sync);
+- `kernel:static:C`: C CTAs dispatch and then idle; compute CTAs push each row block's results to the
+  source straight from the GEMM1 epilogue (combine is pipelined per row block, by compute SMs);
+- `kernel:weave` / `kernel:weave:C`: (c*, K*) from the same cost table as `weave` (or a fixed C), the
+  combine in the epilogue as above, and comm CTAs stealing GEMM tiles after dispatch.
+Row blocks per (expert, source) segment and pair-based dispatch are properties of the workload given to the
+engine (a validation run rebuilds it from the counts the kernel exchanged), not of this policy.
+"""
+from __future__ import annotations
+
+from ... import costmodel
+from ..plan import Plan
+
+
+def _row_blocks(ctx) -> tuple[int, ...]:
+    """One combine chunk per row block of each GPU (the epilogue pushes every block on its own)."""
+    rows = ctx.workload.expert_rows
+    blocks = -(-rows // ctx.options.tile_rows)
+    owner = ctx.workload.placement.owner
+    return tuple(max(1, int(blocks[owner == g].sum())) for g in range(ctx.num_gpus))
+
+
+def plan(ctx, spec: str) -> Plan:
+    name, _, arg = spec.partition(":")
+    G, chunks = ctx.num_gpus, _row_blocks(ctx)
+    if name == "sequential" and not arg:
+        return Plan("kernel:sequential", (ctx.profile.num_sms,) * G, (1,) * G, sequential=True, fused=True)
+    if name == "static" and arg:
+        return Plan(f"kernel:static:{int(arg)}", (int(arg),) * G, chunks, combine_in_epilogue=True)
+    if name == "weave":
+        if arg:
+            comm = (int(arg),) * G
+        else:
+            vol = costmodel.Volumes.from_workloads([ctx.workload], ctx.profile)
+            comm = tuple(int(c) for c in costmodel.choose(vol, ctx.profile).num_comm_sms[0])
+        return Plan(f"kernel:weave{':' + arg if arg else ''}", comm, chunks, steal=True, combine_in_epilogue=True,
+                    decision_ns=ctx.profile.fixed_ns["decision"])
+    raise ValueError(f"kernel:{spec}: expected kernel:sequential, kernel:static:C, kernel:weave or kernel:weave:C")
+
+
+def run(ctx, arg):
+    if not arg:
+        raise ValueError("kernel needs the megakernel's policy, e.g. kernel:static:8 or kernel:weave")
+    return ctx.simulate(plan(ctx, arg))
