@@ -115,3 +115,96 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof
+
+
+# --- fitting the profile to measured kernel latencies ------------------------------------------------
+FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us")
+_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 200.0)}
+
+
+def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float) -> dict:
+    """`base` with per-SM GEMM rates x gemm_scale, push bandwidth per CTA count x push_scale (capped at the
+    link peak, kept non-decreasing) and the per-layer fixed cost of the count exchange set to fixed_us."""
+    prof = json.loads(json.dumps(base))
+    gemm = prof["gemm"]
+    gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
+    gemm["peak_tflops"] = gemm["peak_tflops"] * min(gemm_scale, 1.0)
+    nv = prof["nvlink"]
+    ctas = sorted(nv["push_gbs_by_ctas"], key=int)
+    rates = np.maximum.accumulate([min(nv["push_gbs_by_ctas"][c] * push_scale, nv["peak_gbs"]) for c in ctas])
+    nv["push_gbs_by_ctas"] = {c: float(r) for c, r in zip(ctas, rates)}
+    prof["fixed_ns"]["count_exchange"] = int(round(fixed_us * 1e3))
+    return prof
+
+
+def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, int]:
+    """Mean |log(predicted / measured)| over the benchmark's (config, policy) points, and their number."""
+    from .validate import validate_result
+
+    prof = profile_from_dict(profile_dict, origin="fit candidate")
+    logs = []
+    for r in bench["results"]:
+        keep = dict(r)
+        keep["latency_ms"] = {p: t for p, t in r["latency_ms"].items()
+                              if p != "reference" and (policies is None or p in policies)}
+        v = validate_result(keep, prof)
+        logs += [abs(np.log(v.predicted_ms[p] / v.measured_ms[p])) for p in v.predicted_ms]
+    if not logs:
+        raise CalibrationError("no measured points to fit")
+    return float(np.mean(logs)), len(logs)
+
+
+def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
+                policies=None, min_tokens: int = 0, iters: int = 8, log=print) -> dict:
+    """Coordinate search (golden section per parameter, `rounds` sweeps) of FIT_PARAMS minimising
+    fit_error on a kernel benchmark file; returns the fitted profile dictionary with its provenance."""
+    try:
+        bench = json.loads(Path(bench_path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
+    bench = {**bench, "results": [r for r in bench.get("results", []) if r["tokens_per_gpu"] >= min_tokens]}
+    base_raw = load_profile(base).raw
+    x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3}
+
+    def err(params: dict) -> float:
+        return fit_error(bench, scaled_profile(base_raw, **params), policies)[0]
+
+    best = err(x)
+    for _ in range(rounds):
+        for key in FIT_PARAMS:
+            lo, hi = _FIT_BOUNDS[key]
+            val, e = _golden(lambda v: err({**x, key: v}), lo, hi, iters=iters)
+            if e < best:
+                x[key], best = val, e
+            log(f"fit: {key} = {x[key]:.4g}, mean |log error| {best:.4f}")
+    prof = scaled_profile(base_raw, **x)
+    _, n = fit_error(bench, prof, policies)
+    prof["name"] = name or f"{base}-fitted"
+    prof["version"] = f"fit-{Path(bench_path).stem}"
+    prof["measured_by"] = "weave-sim calibrate --fit (kernel benchmark latencies)"
+    prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) latencies of {bench_path} "
+                      f"({bench.get('header', 'kernel benchmark')}): per-SM GEMM rate x {x['gemm_scale']:.3f}, "
+                      f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us; "
+                      f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
+    prof["calibration"] = {"base": base, "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
+                           "points": n, "min_tokens": min_tokens, "policies": policies}
+    profile_from_dict(prof, origin="fitted profile")
+    return prof
+
+
+def _golden(f, lo: float, hi: float, iters: int) -> tuple[float, float]:
+    """Minimise a unimodal-ish f on [lo, hi] by golden-section search; returns (argmin, min)."""
+    r = (np.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = f(d)
+    return (c, fc) if fc <= fd else (d, fd)

@@ -99,9 +99,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate_file
+    import json
 
-    prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name)
+    from .calibrate import calibrate_file, fit_profile
+
+    if (args.measurements is None) == (args.fit is None):
+        raise ValueError("give either a measurements file or --fit BENCH.json")
+    if args.fit is not None:
+        policies = args.policies.split(",") if args.policies else None
+        prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(prof, indent=1))
+    else:
+        prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -119,8 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("calibrate", help="measurements of python -m weave_kernel.calibrate -> hardware profile")
-    p.add_argument("measurements", type=Path)
+    p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
+    p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")
+    p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
+    p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
+    p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
     p.add_argument("--base", default="h200", help="profile supplying what was not measured")
     p.add_argument("--name", default=None)

@@ -48,3 +48,37 @@ def test_unreadable_file(tmp_path):
     bad.write_text("{")
     with pytest.raises(CalibrationError, match="cannot read"):
         calibrate_file(bad, tmp_path / "o.json")
+
+
+def test_fit_recovers_a_known_profile(tmp_path):
+    """Latencies simulated with a profile scaled by known factors are fitted back to about those factors."""
+    import numpy as np
+
+    from weave_sim.calibrate import fit_profile, scaled_profile
+    from weave_sim.engine import simulate_layer
+    from weave_sim.placement import contiguous
+    from weave_sim.presets import ModelPreset
+    from weave_sim.profile import profile_from_dict
+    from weave_sim.validate import sim_policy
+    from weave_sim.workload import layer_workload
+
+    truth = profile_from_dict(scaled_profile(load_profile().raw, 0.6, 0.5, 30.0))
+    results = []
+    for seed, (h, i, n) in enumerate([(2048, 2048, 2048), (4096, 256, 1024), (1024, 4096, 2048)]):
+        model = ModelPreset("m", h, i, 8, 2, 0, 1)  # GEMM-heavy and comm-heavy layers: both scales matter
+        ids = np.argsort(np.random.default_rng(seed).random((2 * n, 8)), axis=1)[:, :2]
+        w = layer_workload(ids, model, contiguous(8, 2))
+        lat = {p: simulate_layer(w, truth, sim_policy(p)).latency_ns / 1e6 for p in ("static:4", "static:24")}
+        results.append({"model": "m", "tokens_per_gpu": n, "gpus": 2, "experts": 8, "top_k": 2, "hidden": h,
+                        "inter": i, "latency_ms": lat,
+                        "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(),
+                                   "dispatch_rows": w.dispatch_rows.tolist(), "tokens_per_gpu": [n, n]}})
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"results": results}))
+    prof = fit_profile(bench, rounds=2, iters=8, log=lambda m: None)
+    fit = prof["calibration"]
+    assert fit["mean_abs_log_error"] < 0.02
+    assert abs(fit["params"]["gemm_scale"] - 0.6) < 0.1 and abs(fit["params"]["push_scale"] - 0.5) < 0.15
+    out = tmp_path / "p.json"
+    out.write_text(json.dumps(prof))
+    assert load_profile(out).version.startswith("fit-")
