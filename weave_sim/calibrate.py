@@ -123,16 +123,18 @@ _FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float) -> dict:
-    """`base` with per-SM GEMM rates x gemm_scale, push bandwidth per CTA count x push_scale (capped at the
-    link peak, kept non-decreasing) and the per-layer fixed cost of the count exchange set to fixed_us."""
+    """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
+    c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), and the per-layer fixed
+    cost of the count exchange set to fixed_us."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
     gemm["peak_tflops"] = gemm["peak_tflops"] * min(gemm_scale, 1.0)
     nv = prof["nvlink"]
-    ctas = sorted(nv["push_gbs_by_ctas"], key=int)
-    rates = np.maximum.accumulate([min(nv["push_gbs_by_ctas"][c] * push_scale, nv["peak_gbs"]) for c in ctas])
-    nv["push_gbs_by_ctas"] = {c: float(r) for c, r in zip(ctas, rates)}
+    ctas = np.array(sorted(int(c) for c in nv["push_gbs_by_ctas"]), dtype=np.float64)
+    rates = np.array([nv["push_gbs_by_ctas"][str(int(c))] for c in ctas])
+    stretched = np.interp(ctas * push_scale, np.concatenate([[0.0], ctas]), np.concatenate([[0.0], rates]))
+    nv["push_gbs_by_ctas"] = {str(int(c)): float(r) for c, r in zip(ctas, np.maximum.accumulate(stretched))}
     prof["fixed_ns"]["count_exchange"] = int(round(fixed_us * 1e3))
     return prof
 

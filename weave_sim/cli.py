@@ -83,10 +83,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "-" if pred is None else f"{100 * (pred - meas) / meas:+.1f}%"])
     print(format_table(["model", "tokens/GPU", "policy", "measured us", "predicted us", "error"], table,
                        f"simulator (profile {args.profile}) vs kernel measurements in {args.results}"))
-    gains = [[r.model, r.tokens_per_gpu, "-" if r.regret_static is None else f"{100 * r.regret_static:.1f}%",
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    gains = [[r.model, r.tokens_per_gpu, pct(r.regret_static), pct(r.regret_weave),
               "-" if r.gain_predicted is None else r.gain_predicted, "-" if r.gain_measured is None else r.gain_measured]
              for r in rows]
-    print(format_table(["model", "tokens/GPU", "regret of sim's static pick", "weave gain predicted", "measured"], gains))
+    print(format_table(["model", "tokens/GPU", "regret: sim's static pick", "regret: kernel's c*",
+                        "weave gain predicted", "measured"], gains))
     for r in rows:
         for note in r.notes:
             print(f"note: {r.model}/{r.tokens_per_gpu}: {note}")

@@ -20,8 +20,13 @@ from .presets import ModelPreset
 from .profile import HardwareProfile
 from .workload import workload_from_counts
 
-def sim_policy(kernel_policy: str) -> str:
-    """The engine's model of the megakernel under `kernel_policy` (engine/policies/kernel.py)."""
+def sim_policy(kernel_policy: str, result: dict | None = None) -> str:
+    """The engine's model of the megakernel under `kernel_policy` (engine/policies/kernel.py). For `weave`,
+    the comm CTA counts the kernel recorded per rank (so a profile other than the kernel's own still
+    simulates the split that ran)."""
+    used = ((result or {}).get("weave_choice") or {}).get("kernel")
+    if kernel_policy == "weave" and used:
+        return "kernel:weave:" + ",".join(str(int(u["comm_ctas_used"])) for u in used)
     return f"kernel:{kernel_policy}"
 
 
@@ -33,6 +38,7 @@ class ConfigValidation:
     measured_ms: dict
     predicted_ms: dict
     regret_static: float | None = None
+    regret_weave: float | None = None  # measured weave over the best measured weave:C (the kernel's own choice)
     gain_predicted: float | None = None
     gain_measured: float | None = None
     notes: list = field(default_factory=list)
@@ -61,7 +67,7 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0) -> ConfigV
     out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})
     for pol in measured:
         try:
-            out.predicted_ms[pol] = simulate_layer(w, profile, sim_policy(pol), seed=seed).latency_ns / 1e6
+            out.predicted_ms[pol] = simulate_layer(w, profile, sim_policy(pol, r), seed=seed).latency_ns / 1e6
         except ValueError as exc:
             out.notes.append(f"{pol}: not simulated ({exc})")
     statics = sorted((p for p in out.predicted_ms if p.startswith("static:")), key=lambda p: int(p.split(":")[1]))
@@ -69,6 +75,9 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0) -> ConfigV
         sim_pick = min(statics, key=out.predicted_ms.get)
         best_measured = min(measured[p] for p in statics)
         out.regret_static = measured[sim_pick] / best_measured - 1.0
+        sweep = [measured[p] for p in measured if p.startswith("weave:")]
+        if "weave" in measured and sweep:
+            out.regret_weave = measured["weave"] / min(sweep) - 1.0
         if "weave" in out.predicted_ms:
             out.gain_predicted = min(out.predicted_ms[p] for p in statics) / out.predicted_ms["weave"]
             out.gain_measured = best_measured / measured["weave"]
@@ -88,9 +97,11 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0) -> list[ConfigV
 def summarize(rows: list[ConfigValidation]) -> dict:
     errs = np.array([abs(e) for r in rows for e in r.errors().values()])
     regrets = np.array([r.regret_static for r in rows if r.regret_static is not None])
+    weave_regrets = np.array([r.regret_weave for r in rows if r.regret_weave is not None])
     return {
         "configs": len(rows),
         "median_abs_error": float(np.median(errs)) if errs.size else None,
         "worst_abs_error": float(errs.max()) if errs.size else None,
         "median_regret_static": float(np.median(regrets)) if regrets.size else None,
+        "median_regret_kernel_choice": float(np.median(weave_regrets)) if weave_regrets.size else None,
     }

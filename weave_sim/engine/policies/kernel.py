@@ -4,7 +4,8 @@ The megakernel differs from the idealised policies in ways that change its timel
 - `kernel:sequential`: phases inside one persistent launch, separated by grid barriers (no host sync);
 - `kernel:static:C`: C CTAs dispatch and then idle; compute CTAs push each row block's results to the
   source straight from the GEMM1 epilogue (combine is pipelined per row block, by compute SMs);
-- `kernel:weave` / `kernel:weave:C`: (c*, K*) from the same cost table as `weave` (or a fixed C), the
+- `kernel:weave` / `kernel:weave:C` / `kernel:weave:c0,c1,..`: (c*, K*) from the same cost table as
+  `weave` (or fixed C, or one C per GPU such as the choice a measured run recorded), the
   combine in the epilogue as above, and comm CTAs stealing GEMM tiles after dispatch.
 Row blocks per (expert, source) segment and pair-based dispatch are properties of the workload given to the
 engine (a validation run rebuilds it from the counts the kernel exchanged), not of this policy.
@@ -31,8 +32,11 @@ def plan(ctx, spec: str) -> Plan:
     if name == "static" and arg:
         return Plan(f"kernel:static:{int(arg)}", (int(arg),) * G, chunks, combine_in_epilogue=True)
     if name == "weave":
-        if arg:
-            comm = (int(arg),) * G
+        if arg:  # one C for every GPU, or one per GPU (c0,c1,...: e.g. the choices a kernel run recorded)
+            comm = tuple(int(c) for c in arg.split(","))
+            comm = comm * G if len(comm) == 1 else comm
+            if len(comm) != G:
+                raise ValueError(f"kernel:weave:{arg}: give one C or {G} comma-separated values")
         else:
             vol = costmodel.Volumes.from_workloads([ctx.workload], ctx.profile)
             comm = tuple(int(c) for c in costmodel.choose(vol, ctx.profile).num_comm_sms[0])
