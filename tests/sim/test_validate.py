@@ -59,3 +59,15 @@ def test_missing_counts_is_clear(tmp_path, capsys):
                                           "hidden": 64, "inter": 64, "latency_ms": {}}]}))
     assert main(["validate", str(p), "--out", str(tmp_path)]) == 2
     assert "counts" in capsys.readouterr().err
+
+
+def test_recorded_kernel_split_is_simulated():
+    r = {"weave_choice": {"kernel": [{"comm_ctas_used": 13}, {"comm_ctas_used": 9}]}}
+    assert sim_policy("weave", r) == "kernel:weave:13,9"
+    assert sim_policy("weave") == "kernel:weave" and sim_policy("static:8", r) == "kernel:static:8"
+
+
+def test_fitted_profile_ships_with_provenance():
+    p = load_profile("h200-megakernel")
+    assert "fitted" in p.source and p.raw["calibration"]["points"] > 0
+    assert p.per_sm_tflops(1024) < load_profile("h200").per_sm_tflops(1024)
