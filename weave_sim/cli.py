@@ -1,6 +1,7 @@
 """`weave-sim`: the simulator's command line.
 
-Commands: models, trace (stats/generate/convert), costmodel, simulate, sweep, validate, calibrate. Each prints a table and
+Commands: models, trace (stats/generate/convert), costmodel, simulate, sweep, validate, calibrate,
+timeline-stats. Each prints a table and
 writes JSON (results plus the resolved configuration) under --out.
 """
 from __future__ import annotations
@@ -74,7 +75,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
     from .validate import summarize, validate_file
 
-    rows = validate_file(args.results, load_profile(args.profile), seed=args.seed)
+    rows = validate_file(args.results, load_profile(args.profile), seed=args.seed,
+                         trace_dir=args.out / "traces" if args.traces else None)
     table = []
     for r in rows:
         for pol, meas in r.measured_ms.items():
@@ -99,6 +101,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
                                                    "configs": [r.to_dict() for r in rows]})
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_timeline_stats(args: argparse.Namespace) -> int:
+    from .timeline_stats import busy_stats
+
+    kinds = ["count_exchange", "choose", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait"]
+    rows = []
+    for path in args.traces:
+        for gpu, st in busy_stats(path, args.sms).items():
+            share = [st["work_us_by_kind"].get(k, 0.0) / (st["span_us"] * st["num_sms"]) for k in kinds]
+            rows.append([path.name, gpu, st["span_us"], f"{100 * st['busy_fraction']:.1f}%",
+                         *[f"{100 * x:.1f}%" for x in share]])
+    print(format_table(["trace", "GPU", "span us", "busy", *kinds], rows,
+                       "share of SM time (span x SMs) per task kind; busy excludes waits"))
     return 0
 
 
@@ -131,8 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", type=Path, help="JSON written by python -m weave_kernel.bench")
     p.add_argument("--profile", default="h200")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traces", action="store_true", help="write the simulated Chrome trace of each weave run")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("timeline-stats", help="busy SM time by kind from Chrome traces (simulated or measured)")
+    p.add_argument("traces", type=Path, nargs="+")
+    p.add_argument("--sms", type=int, default=None, help="SMs per GPU (default: highest SM index seen + 1)")
+    p.set_defaults(func=cmd_timeline_stats)
     p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
     p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")

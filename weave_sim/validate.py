@@ -42,6 +42,7 @@ class ConfigValidation:
     gain_predicted: float | None = None
     gain_measured: float | None = None
     notes: list = field(default_factory=list)
+    traces: list = field(default_factory=list)
 
     def errors(self) -> dict:
         return {p: (self.predicted_ms[p] - self.measured_ms[p]) / self.measured_ms[p] for p in self.predicted_ms}
@@ -59,17 +60,25 @@ def _layer_from_result(r: dict):
     return workload_from_counts(c["source_expert_pairs"], c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
 
 
-def validate_result(r: dict, profile: HardwareProfile, seed: int = 0) -> ConfigValidation:
-    from .engine import simulate_layer
+def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> ConfigValidation:
+    """Simulate every measured kernel policy of one benchmark result. With `trace_dir`, also write the
+    simulated Chrome trace of each policy whose name is in TRACE_POLICIES, to open beside the kernel's."""
+    from .engine import simulate_layer, write_chrome_trace
 
     w = _layer_from_result(r)
     measured = {p: float(t) for p, t in r["latency_ms"].items() if p != "reference"}
     out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})
     for pol in measured:
+        keep = trace_dir is not None and pol in TRACE_POLICIES
         try:
-            out.predicted_ms[pol] = simulate_layer(w, profile, sim_policy(pol, r), seed=seed).latency_ns / 1e6
+            res = simulate_layer(w, profile, sim_policy(pol, r), seed=seed, record_timeline=keep)
         except ValueError as exc:
             out.notes.append(f"{pol}: not simulated ({exc})")
+            continue
+        out.predicted_ms[pol] = res.latency_ns / 1e6
+        if keep:
+            name = f"sim_{r['model']}_{r['tokens_per_gpu']}_{pol.replace(':', '-')}.json"
+            out.traces.append(str(write_chrome_trace(res, Path(trace_dir) / name)))
     statics = sorted((p for p in out.predicted_ms if p.startswith("static:")), key=lambda p: int(p.split(":")[1]))
     if statics:
         sim_pick = min(statics, key=out.predicted_ms.get)
@@ -84,14 +93,17 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0) -> ConfigV
     return out
 
 
-def validate_file(path, profile: HardwareProfile, seed: int = 0) -> list[ConfigValidation]:
+TRACE_POLICIES = ("weave",)
+
+
+def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> list[ConfigValidation]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
     if not data.get("results"):
         raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
-    return [validate_result(r, profile, seed) for r in data["results"]]
+    return [validate_result(r, profile, seed, trace_dir) for r in data["results"]]
 
 
 def summarize(rows: list[ConfigValidation]) -> dict:

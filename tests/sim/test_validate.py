@@ -71,3 +71,27 @@ def test_fitted_profile_ships_with_provenance():
     p = load_profile("h200-megakernel")
     assert "fitted" in p.source and p.raw["calibration"]["points"] > 0
     assert p.per_sm_tflops(1024) < load_profile("h200").per_sm_tflops(1024)
+
+
+def test_timeline_stats_of_a_simulated_trace(tmp_path, capsys):
+    from weave_sim.timeline_stats import busy_stats
+
+    path = bench_file(tmp_path, {"static:16": 1.0, "weave": 1.0})
+    assert main(["validate", str(path), "--traces", "--out", str(tmp_path)]) == 0
+    (trace,) = (tmp_path / "traces").glob("sim_m_512_weave.json")
+    stats = busy_stats(trace, num_sms=PROFILE.num_sms)
+    assert set(stats) == {0, 1}
+    for st in stats.values():
+        assert 0 < st["busy_fraction"] <= 1 and st["work_us_by_kind"]["gemm0"] > 0
+        assert st["work_us_by_role"]["compute"] > 0
+    assert main(["timeline-stats", str(trace)]) == 0
+    assert "gemm1" in capsys.readouterr().out
+
+
+def test_timeline_stats_rejects_non_traces(tmp_path):
+    from weave_sim.timeline_stats import busy_stats
+
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="Chrome trace"):
+        busy_stats(bad)

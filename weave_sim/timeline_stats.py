@@ -1,0 +1,48 @@
+"""Per-GPU busy time by role and task kind from a Chrome trace, simulated or measured.
+
+The simulator (`engine/timeline.py`) and the megakernel (`weave_kernel/timeline.py`) write the same format:
+`{"traceEvents": [...]}` with `ph: "X"` events, `pid` = GPU, `tid` = SM, `name` = task kind, `cat` = role
+("comm" / "compute"), `ts` / `dur` in microseconds. Events named "wait" are time spent spinning, not work.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+IDLE_KINDS = ("wait",)
+
+
+def load_events(trace) -> list[dict]:
+    """The `X` events of a trace given as a path or an already loaded dictionary."""
+    if not isinstance(trace, dict):
+        try:
+            trace = json.loads(Path(trace).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read Chrome trace {trace}: {exc}") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace: no traceEvents list")
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def busy_stats(trace, num_sms: int | None = None) -> dict[int, dict]:
+    """Per GPU (pid): span_us (first start to last end), busy fraction = work / (span x SMs), and work
+    by role and by kind in microseconds. SMs: `num_sms`, else the highest SM index seen + 1."""
+    per: dict[int, dict] = {}
+    for e in load_events(trace):
+        g = per.setdefault(int(e["pid"]), {"t0": float("inf"), "t1": 0.0, "sms": 0, "by_kind": {}, "by_role": {}})
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        g["t0"], g["t1"] = min(g["t0"], ts), max(g["t1"], ts + dur)
+        g["sms"] = max(g["sms"], int(e["tid"]) + 1)
+        g["by_kind"][e["name"]] = g["by_kind"].get(e["name"], 0.0) + dur
+        if e["name"] not in IDLE_KINDS:
+            role = e.get("cat", "?")
+            g["by_role"][role] = g["by_role"].get(role, 0.0) + dur
+    out = {}
+    for pid, g in sorted(per.items()):
+        span = g["t1"] - g["t0"]
+        sms = num_sms or g["sms"]
+        work = sum(v for k, v in g["by_kind"].items() if k not in IDLE_KINDS)
+        out[pid] = {"span_us": span, "num_sms": sms, "busy_fraction": work / (span * sms) if span > 0 else 0.0,
+                    "work_us_by_role": g["by_role"], "work_us_by_kind": g["by_kind"]}
+    return out
