@@ -119,7 +119,7 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
 FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us")
-_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 200.0)}
+_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0)}
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float) -> dict:

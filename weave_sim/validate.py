@@ -71,7 +71,7 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
     for pol in measured:
         keep = trace_dir is not None and pol in TRACE_POLICIES
         try:
-            res = simulate_layer(w, profile, sim_policy(pol, r), seed=seed, record_timeline=keep)
+            res = simulate_layer(w, profile, sim_policy(pol, r), seed=seed, record_timeline=keep, **KERNEL_OPTIONS)
         except ValueError as exc:
             out.notes.append(f"{pol}: not simulated ({exc})")
             continue
@@ -94,6 +94,9 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
 
 
 TRACE_POLICIES = ("weave",)
+# The megakernel sends each (expert, source) segment in 128-row blocks, expert by expert: the engine's
+# 'expert' dispatch order (engine/dag.py, "Row layout").
+KERNEL_OPTIONS = {"dispatch_order": "expert"}
 
 
 def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> list[ConfigValidation]:
