@@ -45,7 +45,8 @@ def scenarios(draw):
                       comm_chunk_rows=draw(st.sampled_from([None, 8, 24])),
                       gemm_tasks_per_sm=draw(st.sampled_from([None, 2, 32])),
                       dispatch_order=draw(st.sampled_from(["token", "expert"])),
-                      fairness=draw(st.sampled_from(["shares", "maxmin"])))
+                      fairness=draw(st.sampled_from(["shares", "maxmin"])),
+                      segment_pad_rows=draw(st.sampled_from([None, 8, 64])))
     return w, profile, opts
 
 

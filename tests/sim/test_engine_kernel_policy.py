@@ -53,3 +53,24 @@ def test_kernel_weave_uses_the_cost_model_choice(layer):
 def test_bad_kernel_specs(layer, spec):
     with pytest.raises(ValueError, match="kernel"):
         simulate_layer(layer, PROFILE, spec)
+
+
+def test_segment_padding_geometry(layer):
+    """Blocks never straddle two sources; each segment is cut into ceil(rows / tile) blocks; cost is padded."""
+    from weave_sim.engine.dag import _gpu_rows
+
+    G, tile = layer.num_gpus, 128
+    for g in range(G):
+        ring = (g + np.arange(G)) % G
+        x = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=64)
+        assert ((x["overlap"] > 0).sum(axis=1) == 1).all()
+        seg = layer.pair_counts[:, g, layer.placement.local_experts(g)]
+        assert x["rows"].size == int((-(-seg // tile)).sum()) and x["rows"].sum() == seg.sum()
+        assert (x["cost_rows"] % 64 == 0).all() and (x["cost_rows"] >= x["rows"]).all()
+        plain = _gpu_rows(layer, g, ring, tile, 128, "expert")
+        assert (plain["cost_rows"] == plain["rows"]).all() and plain["rows"].size <= x["rows"].size
+
+
+def test_padding_option_is_validated(layer):
+    with pytest.raises(ValueError, match="segment_pad_rows"):
+        simulate_layer(layer, PROFILE, "kernel:static:8", segment_pad_rows=0)

@@ -159,9 +159,11 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
-                gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token") -> TaskGraph:
+                gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
+                segment_pad_rows: int | None = None) -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
+    segment_pad_rows: see SimOptions (None: row blocks cut over an expert's rows from all sources).
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
     dispatch_order: order of rows in each dispatch stream, one of DISPATCH_ORDERS.
     """
@@ -202,7 +204,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     # Row blocks of every local expert, per GPU.
     if dispatch_order not in DISPATCH_ORDERS:
         raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {dispatch_order!r}")
-    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order) for g in range(G)]
+    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, segment_pad_rows) for g in range(G)]
     rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
     arrived = b.add(K_BARRIER, rb_gpu)
     b.edges(known[rb_gpu], arrived)
@@ -227,11 +229,15 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         ch[order] = np.minimum(before * K[g] // max(x["rows"].sum(), 1), K[g] - 1)
         rb_chunk.append(ch)
         rb_order.append(rank)
-        rate = profile.per_sm_tflops(x["expert_rows"]) * _FLOP_PER_NS_PER_TFLOPS  # FLOP/ns per SM
+        # FLOP/ns per SM. With padded segments the padding is charged as rows, so a small expert is not
+        # also charged the small-M rate: its tiles run at the rate of at least a full tile.
+        eff_rows = x["expert_rows"] if segment_pad_rows is None else np.maximum(x["expert_rows"], tile_rows)
+        rate = profile.per_sm_tflops(eff_rows) * _FLOP_PER_NS_PER_TFLOPS
         rb_rate.append(rate)
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
     rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))
     rb_rows = np.concatenate([x["rows"] for x in geo])
+    rb_cost_rows = np.concatenate([x["cost_rows"] for x in geo])  # rows the MMAs compute (padding included)
     rb_blocks = np.concatenate([x["expert_blocks"] for x in geo])
     per_sm_hbm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
     b0 = np.array([batch[g][0] for g in range(G)])[rb_gpu]
@@ -244,7 +250,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         t = np.arange(n_tasks.sum()) - np.repeat(np.cumsum(n_tasks) - n_tasks, n_tasks)
         col_lo = t * bsz[own] * tile_cols
         cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
-        flops = 2.0 * rb_rows[own] * k_dim * out_mult * cols
+        flops = 2.0 * rb_cost_rows[own] * k_dim * out_mult * cols
         # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
         weight_bytes = 2.0 * k_dim * out_mult * cols / rb_blocks[own]
         work = np.maximum(flops / rb_rate[own], weight_bytes / per_sm_hbm_gbs)
@@ -297,17 +303,28 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                        for g in range(G)})
 
 
-def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str) -> dict:
-    """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on (see DISPATCH_ORDERS)."""
+def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str,
+              pad_rows: int | None = None) -> dict:
+    """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on (see DISPATCH_ORDERS).
+    With `pad_rows`, blocks never straddle two sources' segments and cost their rows rounded up to pad_rows."""
     le = w.placement.local_experts(g)
     seg_n = w.pair_counts[:, g, le][ring].T  # [experts, ring position]
     seg_end = np.cumsum(seg_n, axis=1)
     seg_start = seg_end - seg_n
     e_rows = seg_end[:, -1] if le.size else np.zeros(0, np.int64)
-    nb = -(-e_rows // tile_rows)
-    rb_e = np.repeat(np.arange(le.size), nb)
-    lo = (np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)) * tile_rows
-    hi = np.minimum(lo + tile_rows, e_rows[rb_e])
+    if pad_rows is None:
+        nb = -(-e_rows // tile_rows)
+        rb_e = np.repeat(np.arange(le.size), nb)
+        lo = (np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)) * tile_rows
+        hi = np.minimum(lo + tile_rows, e_rows[rb_e])
+    else:  # blocks per (expert, source) segment, expert-major like the kernel's receive layout
+        per_seg = (-(-seg_n // tile_rows)).ravel()
+        seg = np.repeat(np.arange(per_seg.size), per_seg)
+        m = np.arange(per_seg.sum()) - np.repeat(np.cumsum(per_seg) - per_seg, per_seg)
+        rb_e, seg_j = seg // max(ring.size, 1), seg % max(ring.size, 1)
+        nb = per_seg.reshape(seg_n.shape).sum(axis=1) if le.size else np.zeros(0, np.int64)
+        lo = seg_start[rb_e, seg_j] + m * tile_rows
+        hi = np.minimum(lo + tile_rows, seg_end[rb_e, seg_j])
     ss, se = seg_start[rb_e], seg_end[rb_e]  # [RB, G]
     a = np.maximum(lo[:, None], ss)
     z = np.minimum(hi[:, None], se)
@@ -329,7 +346,9 @@ def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: in
 
     ready = np.zeros(lo.size)
     np.maximum.at(ready, r, (off + i_hi) / span)
-    return {"rows": hi - lo, "expert_rows": e_rows[rb_e], "expert_blocks": nb[rb_e], "overlap": overlap,
+    cost = hi - lo if pad_rows is None else -(-(hi - lo) // pad_rows) * pad_rows
+    return {"rows": hi - lo, "cost_rows": cost, "expert_rows": e_rows[rb_e], "expert_blocks": nb[rb_e],
+            "overlap": overlap,
             "ready_frac": ready,
             "dep_rb": r, "dep_src": ring[j], "dep_lo": chunk_of(i_lo), "dep_hi": chunk_of(i_hi - 1)}
 

@@ -35,6 +35,8 @@ class SimOptions:
     gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
     dispatch_order: 'token' or 'expert', the order of rows in each dispatch stream (see dag.py).
     fairness: 'shares' or 'maxmin', how transfers share NVLink (see hardware.py).
+    segment_pad_rows: None, or cut row blocks per (expert, source) segment, as the megakernel lays out its
+        receive buffer, and charge each GEMM tile its rows rounded up to this many (the MMA granularity).
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
     """
 
@@ -46,6 +48,7 @@ class SimOptions:
     gemm_tasks_per_sm: int | None = 32
     dispatch_order: str = "token"
     fairness: str = "shares"
+    segment_pad_rows: int | None = None
     record_timeline: bool = False
 
     def __post_init__(self) -> None:
@@ -54,7 +57,7 @@ class SimOptions:
 
         if self.tile_rows < 1 or self.tile_cols < 1:
             raise ValueError(f"tile sizes must be >= 1, got {self.tile_rows} x {self.tile_cols}")
-        for name in ("comm_chunk_rows", "gemm_tasks_per_sm"):
+        for name in ("comm_chunk_rows", "gemm_tasks_per_sm", "segment_pad_rows"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be None or >= 1, got {v}")
@@ -79,13 +82,13 @@ class SimContext:
         return self.workload.num_gpus
 
     def graph(self, plan: Plan):
-        key = (plan.num_chunks, plan.sequential, plan.decision_ns)
+        key = (plan.num_chunks, plan.sequential, plan.decision_ns, plan.fused)
         if key not in self._graphs:
             o = self.options
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
                                             tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
-                                            dispatch_order=o.dispatch_order)
+                                            dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows)
         return self._graphs[key]
 
     def simulate(self, plan: Plan) -> LayerResult:
