@@ -46,7 +46,3 @@ def write_json(path: Path, payload: dict) -> Path:
     path.write_text(json.dumps(_jsonable(payload), indent=1))
     return path
 
-
-def geomean(values) -> float:
-    v = np.asarray(values, dtype=np.float64)
-    return float(np.exp(np.log(v).mean())) if v.size else float("nan")

@@ -122,11 +122,6 @@ class LayerWorkload:
         """int64 [G]: bf16 weight bytes of the active local experts."""
         return self.active_local_experts * self.model.expert_weight_bytes
 
-    @cached_property
-    def rows_per_active_expert(self) -> np.ndarray:
-        """float64 [G]: mean rows per active local expert (the GEMM M that sets tile efficiency)."""
-        return self.computed_pairs / np.maximum(self.active_local_experts, 1)
-
     def gemm_tiles(self, tile_rows: int, tile_cols: int) -> np.ndarray:
         """int64 [G]: output tiles of GEMM0 (I columns after SwiGLU) plus GEMM1 (H columns) per GPU."""
         row_blocks = -(-self.expert_rows // tile_rows)
