@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from weave_sim.presets import PRESETS, get_model
-from weave_sim.traces.format import (RoutingTrace, TraceError, choose_model, load_trace, parse_metadata, save_trace,
-                                     validate_trace)
+from weave_sim.traces.format import (RoutingTrace, TraceError, choose_model, load_trace, open_numpy_file,
+                                     parse_metadata, save_trace, validate_trace)
 from weave_sim.traces.generators import GENERATORS, generate
 from weave_sim.traces.stats import format_stats_table, trace_stats
 
@@ -105,14 +104,7 @@ def cmd_generate(args) -> int:
 
 def _read_any(path: Path) -> tuple[dict, dict]:
     """Arrays and metadata of an npz (interchange keys only) or of a .npy holding topk_ids."""
-    if not path.is_file():
-        raise TraceError(f"input not found: {path}")
-    if path.stat().st_size == 0:
-        raise TraceError(f"{path}: empty file")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise TraceError(f"{path}: not a readable .npz or .npy file ({exc})") from None
+    data = open_numpy_file(path, "input", ".npz or .npy file")
     if isinstance(data, np.ndarray):
         return {"topk_ids": data}, {}
     with data:

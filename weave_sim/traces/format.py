@@ -150,18 +150,24 @@ def validate_trace(trace: RoutingTrace, preset: ModelPreset, where: str = "") ->
             raise TraceError(f"{where}topk_probs contains negative values")
 
 
-def _read_npz(path: Path) -> dict:
-    """Every interchange key present in the file, fully read into memory (so nothing is lazy)."""
+def open_numpy_file(path: Path, what: str = "trace file", formats: str = "npz file"):
+    """np.load of an existing, non-empty file without pickles (an NpzFile or an ndarray); every failure is a
+    TraceError naming the file."""
     if not path.exists():
-        raise TraceError(f"trace file not found: {path}")
+        raise TraceError(f"{what} not found: {path}")
     if path.is_dir():
-        raise TraceError(f"trace path is a directory, not an npz file: {path}")
+        raise TraceError(f"{what} is a directory, not a file: {path}")
     if path.stat().st_size == 0:
         raise TraceError(f"{path}: empty file")
     try:
-        data = np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise TraceError(f"{path}: not a readable npz file ({exc})") from None
+        raise TraceError(f"{path}: not a readable {formats} ({exc})") from None
+
+
+def _read_npz(path: Path) -> dict:
+    """Every interchange key present in the file, fully read into memory (so nothing is lazy)."""
+    data = open_numpy_file(path)
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise TraceError(f"{path}: a .npy array, not an npz trace; convert it with "
                          f"`weave-sim trace convert {path} -o OUT.npz --model M`")
