@@ -98,7 +98,7 @@ def resolve(cfg: RunConfig) -> Resolved:
     return Resolved(cfg, model, placement, profile, np.asarray(routing)[:, layer_ids, :], layer_ids, source)
 
 
-def add_run_arguments(p: argparse.ArgumentParser, *, default_trace: bool = True) -> None:
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by costmodel, simulate and sweep."""
     p.add_argument("--model", default=None, help=f"preset ({', '.join(PRESETS)}); default {DEFAULT_MODEL}, or the trace's model")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the EP group (default 4)")
@@ -111,14 +111,13 @@ def add_run_arguments(p: argparse.ArgumentParser, *, default_trace: bool = True)
     p.add_argument("--placement", default="contiguous", choices=["contiguous", "round-robin"])
     p.add_argument("--layers", default=None, help="comma-separated MoE layer ids (default all)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON, traces and plots")
-    p.set_defaults(_default_trace=default_trace)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Embedded default: the shipped real GPT-OSS-20B trace when neither a model, trace nor generator is given."""
     if args.trace is not None:
         trace = args.trace
-    elif args.synthetic is None and args.model in (None, DEFAULT_MODEL) and args._default_trace:
+    elif args.synthetic is None and args.model in (None, DEFAULT_MODEL):
         trace = "default"
     else:
         trace = None
