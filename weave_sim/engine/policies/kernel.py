@@ -17,11 +17,16 @@ from ..plan import Plan
 
 
 def _row_blocks(ctx) -> tuple[int, ...]:
-    """One combine chunk per row block of each GPU (the epilogue pushes every block on its own)."""
-    rows = ctx.workload.expert_rows
-    blocks = -(-rows // ctx.options.tile_rows)
-    owner = ctx.workload.placement.owner
-    return tuple(max(1, int(blocks[owner == g].sum())) for g in range(ctx.num_gpus))
+    """One combine chunk per row block of each GPU (the epilogue pushes every block on its own); with
+    `segment_pad_rows` a block never spans two sources, as in the kernel's receive layout."""
+    w, tile = ctx.workload, ctx.options.tile_rows
+    out = []
+    for g in range(ctx.num_gpus):
+        rows = w.pair_counts[:, g, w.placement.local_experts(g)]  # [source, local expert]
+        if ctx.options.segment_pad_rows is None:
+            rows = rows.sum(axis=0)
+        out.append(max(1, int((-(-rows // tile)).sum())))
+    return tuple(out)
 
 
 def plan(ctx, spec: str) -> Plan:
