@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from weave_sim.placement import contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
+from weave_sim.validate import KERNEL_LAYOUT  # the layout this kernel computes with (engine options)
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import MoEMegakernel
@@ -123,7 +124,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     x = torch.randn(n, H, device=dev).to(torch.bfloat16)
     ids_d, w_d = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
     owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
-    res = {"model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
+    res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
            "latency_ms": {}}
 

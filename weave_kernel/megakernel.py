@@ -78,9 +78,10 @@ class BufferPlan:
 
 
 def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_tokens: int) -> BufferPlan:
-    """Worst case: every pair of every rank lands on one owner, plus one partial block per (expert, source)."""
+    """Worst case: every pair of every rank lands on one owner, plus one partial row block per local expert
+    (an expert's rows from all sources are packed, then padded once). One row flag per (row block, source)."""
     num_local = num_experts // world
-    rows = world * max_tokens * top_k + num_local * world * (BLOCK_M - 1)
+    rows = world * max_tokens * top_k + num_local * (BLOCK_M - 1)
     rows = (rows + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     blocks = rows // BLOCK_M
     off = 0
@@ -89,7 +90,7 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
         ("count_flag", 8 * world),
         ("comb_flag", 8 * world),
         ("gcounts", 4 * 2 * world * num_experts),
-        ("blk_flag", 8 * blocks),
+        ("blk_flag", 8 * blocks * world),
         ("recv_meta", 4 * rows),
         ("comb", 2 * max_tokens * top_k * hidden),
         ("recv_x", 2 * rows * hidden),

@@ -71,7 +71,8 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
     for pol in measured:
         keep = trace_dir is not None and pol in TRACE_POLICIES
         try:
-            res = simulate_layer(w, profile, sim_policy(pol, r), seed=seed, record_timeline=keep, **KERNEL_OPTIONS)
+            res = simulate_layer(w, profile, sim_policy(pol, r), seed=seed, record_timeline=keep,
+                                **kernel_options(r))
         except ValueError as exc:
             out.notes.append(f"{pol}: not simulated ({exc})")
             continue
@@ -94,10 +95,27 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
 
 
 TRACE_POLICIES = ("weave",)
-# The megakernel sends each (expert, source) segment in 128-row blocks, expert by expert (the engine's
-# 'expert' dispatch order, engine/dag.py "Row layout"), and pads every segment to whole blocks; the kernel
-# measured in docs/results skipped the MMAs of an all-padding 64-row warpgroup, so padding costs up to 64 rows.
-KERNEL_OPTIONS = {"dispatch_order": "expert", "segment_pad_rows": 64}
+# How the megakernel lays out the rows it computes, as engine options. Both send rows expert by expert (the
+# engine's 'expert' dispatch order, engine/dag.py "Row layout"). "segment-padded" (the first kernel, the runs
+# in docs/results/kernel_bench_2xh200_static.json and kernel_bench_weave.json): every (expert, source) segment
+# padded to whole 128-row blocks, and an all-padding 64-row warpgroup skipped its MMAs, so padding cost up to
+# 64 rows. "expert-packed" (the kernel now): an expert's rows from all sources back to back, padded once to a
+# whole block, and every tile computes all 128 rows. A benchmark result names its layout in "kernel_layout";
+# results without it come from the first kernel.
+KERNEL_LAYOUTS = {
+    "segment-padded": {"dispatch_order": "expert", "segment_pad_rows": 64},
+    "expert-packed": {"dispatch_order": "expert", "expert_pad_rows": 128},
+}
+KERNEL_LAYOUT = "expert-packed"
+KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
+
+
+def kernel_options(r: dict) -> dict:
+    """Engine options that model the kernel a benchmark result was measured on."""
+    layout = r.get("kernel_layout", "segment-padded")
+    if layout not in KERNEL_LAYOUTS:
+        raise ValueError(f"unknown kernel_layout {layout!r} (known: {sorted(KERNEL_LAYOUTS)})")
+    return KERNEL_LAYOUTS[layout]
 
 
 def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> list[ConfigValidation]:

@@ -103,7 +103,9 @@ def test_buffer_plan_regions_are_disjoint_and_big_enough():
             pl.off_recv_x, pl.total_bytes]
     assert offs == sorted(offs) and all(o % 256 == 0 for o in offs)
     assert pl.recv_cap_rows % BLOCK_M == 0 and pl.max_row_blocks * BLOCK_M == pl.recv_cap_rows
-    # worst case: all 2*1000*4 pairs on one owner plus a partial block per (local expert, source)
-    assert pl.recv_cap_rows >= 2 * 1000 * 4 + 16 * 2 * (BLOCK_M - 1)
+    # worst case: all 2*1000*4 pairs on one owner plus a partial block per local expert (sources packed)
+    assert pl.recv_cap_rows >= 2 * 1000 * 4 + 16 * (BLOCK_M - 1)
+    # one row flag (u64) per (row block, source)
+    assert pl.off_recv_meta - pl.off_blk_flag >= 8 * pl.max_row_blocks * 2
     assert pl.off_recv_x - pl.off_comb >= 1000 * 4 * 2880 * 2
     assert pl.total_bytes - pl.off_recv_x >= pl.recv_cap_rows * 2880 * 2

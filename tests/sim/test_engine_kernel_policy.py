@@ -62,13 +62,26 @@ def test_segment_padding_geometry(layer):
     G, tile = layer.num_gpus, 128
     for g in range(G):
         ring = (g + np.arange(G)) % G
-        x = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=64)
+        x = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=64, per_segment=True)
         assert ((x["overlap"] > 0).sum(axis=1) == 1).all()
         seg = layer.pair_counts[:, g, layer.placement.local_experts(g)]
         assert x["rows"].size == int((-(-seg // tile)).sum()) and x["rows"].sum() == seg.sum()
         assert (x["cost_rows"] % 64 == 0).all() and (x["cost_rows"] >= x["rows"]).all()
         plain = _gpu_rows(layer, g, ring, tile, 128, "expert")
         assert (plain["cost_rows"] == plain["rows"]).all() and plain["rows"].size <= x["rows"].size
+        # expert-packed (the kernel now): ceil(expert rows / tile) blocks, each costing a whole tile
+        packed = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=128)
+        assert packed["rows"].size == int((-(-seg.sum(axis=0) // tile)).sum()) == plain["rows"].size
+        assert (packed["cost_rows"] == tile).all() and packed["rows"].sum() == seg.sum()
+
+
+def test_expert_packing_computes_fewer_padded_rows(layer):
+    a = simulate_layer(layer, PROFILE, "kernel:static:8", dispatch_order="expert", segment_pad_rows=128)
+    b = simulate_layer(layer, PROFILE, "kernel:static:8", dispatch_order="expert", expert_pad_rows=128)
+    gemm = lambda r: sum(r.busy_by_kind_ns[k].sum() for k in r.busy_by_kind_ns if "gemm" in str(k))  # noqa: E731
+    assert 0 < gemm(b) <= gemm(a)
+    with pytest.raises(ValueError, match="exclude"):
+        simulate_layer(layer, PROFILE, "kernel:static:8", segment_pad_rows=64, expert_pad_rows=128)
 
 
 def test_padding_option_is_validated(layer):

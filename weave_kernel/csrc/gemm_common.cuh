@@ -29,22 +29,24 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// Rows of A and B that this thread copies every stage, resolved once per tile: 32-bit element offsets from
-// two base pointers (an operand never spans more than 2^31 elements) plus a valid bit per row, to keep the
-// 128 accumulators in registers. A rows may be gathered (arbitrary offsets); this thread's B chunk i sits at
-// b_off0 + (i % 4) * b_step + (i / 4) * b_hi (rows n0 + 32 i of the tile, see the two tile builders).
+// Rows of A and B that this thread copies every stage, resolved once per tile: a pointer per A row (rows may
+// be gathered from different tensors: a GEMM0 block mixes the owner's own token rows, read from x, with
+// received rows), a 32-bit element offset from one base pointer for B (a weight tensor never spans more than
+// 2^31 elements), and a valid bit per row. This thread's B chunk i sits at b_off0 + (i % 4) * b_step +
+// (i / 4) * b_hi (rows n0 + 32 i of the tile, see the two tile builders).
 struct TileOperands {
   static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / C::kThreads;  // 4
   static constexpr int kBChunks = C::kBlockN * C::kBlockK / 8 / C::kThreads;  // 8
   static_assert(kAChunks + kBChunks <= 32, "valid bits live in one word");
   static_assert(kBChunks == 8 && C::kThreads / 8 == 32, "B chunk i covers tile row tid / 8 + 32 i");
-  const bf16* a_base;
+  const bf16* a_base;  // base of set_a's offsets (and the harmless address of invalid rows)
   const bf16* b_base;
-  int32_t a_off[kAChunks];
+  const bf16* a_row[kAChunks];
   int32_t b_off0, b_step, b_hi;
   uint32_t valid;  // bit i: A chunk i; bit kAChunks + i: B chunk i
-  __device__ __forceinline__ void set_a(int i, bool ok, int32_t off) {
-    a_off[i] = ok ? off : 0;
+  __device__ __forceinline__ void set_a(int i, bool ok, int64_t off) { set_a_row(i, ok, a_base + (ok ? off : 0)); }
+  __device__ __forceinline__ void set_a_row(int i, bool ok, const bf16* row) {
+    a_row[i] = ok ? row : a_base;
     valid |= ok ? 1u << i : 0u;
   }
   __device__ __forceinline__ void set_b_valid(int i, bool ok) { valid |= ok ? 1u << (kAChunks + i) : 0u; }
@@ -59,7 +61,7 @@ __device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem
     const int c = threadIdx.x + i * C::kThreads;
     const int row = c >> 3, chunk = c & 7;
     const bool ok = (op.valid >> i) & 1u;
-    const bf16* src = op.a_base + op.a_off[i] + (ok ? k0 + chunk * 8 : 0);
+    const bf16* src = op.a_row[i] + (ok ? k0 + chunk * 8 : 0);
     cp_async_16(smem_u32(sa + swz(row, chunk)), src, ok);
   }
 #pragma unroll

@@ -12,16 +12,20 @@ namespace weave {
 
 struct SharedLayout {
   int cnt[Config::kMaxRanks * Config::kMaxExperts];         // cnt[s*E + e]: pairs source s sends to expert e
-  int rowoff[Config::kMaxRanks * Config::kMaxExperts + 1];  // scan over (owner d, local le, source s) of
-                                                            // BM-padded segment sizes
+  int segoff[Config::kMaxRanks * Config::kMaxExperts + 1];  // scan over (owner d, local le, step t) of the
+                                                            // segment of source (d - t) mod G; the last
+                                                            // step also carries the padding of the expert's
+                                                            // rows to a multiple of kBlockM
   int ebase[Config::kMaxExperts + 1];  // scan of this rank's counts: base of expert e in sorted_pair
-  int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, (le, step i) order
+  int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, per local expert
   int tk[2 * Config::kMaxExperts + 2]; // static policy: scan of tickets per segment (GEMM0 of expert i,
                                        // GEMM1 of expert i - L)
-  int dq[Config::kMaxExperts + 1];     // scan of row blocks this rank sends to other ranks, (step i, le) order
+  int dq[Config::kMaxExperts + 1];     // scan of row pieces this rank sends to other ranks, (step i, le) order
   int hist[Config::kMaxExperts];       // routing histogram, then this CTA's per-expert base
   int pair[Config::kBlockM];           // pair ids of the rows of the current block
+  int psrc[Config::kBlockM];           // source rank of each row of the current block
   int scan_tmp[Config::kWarps + 1];
+  double cost_table[cost_table::kLen];  // weave: the cost table, loaded while the peers' counts are in flight
   VolumeSums red_sums[Config::kWarps];  // weave: block reductions of the spatial choice
   GridBest red_best[Config::kWarps];
   int num_comm;                         // CTAs that dispatch first (static / weave); 0 for sequential
@@ -78,68 +82,82 @@ __device__ __forceinline__ int find_segment(const int* prefix, int n, int x) {
   return lo;
 }
 
-// A row block of one (local expert, source) segment on its owner.
+// Receive layout on an owner: per local expert, the rows of every source back to back (step t = source
+// (owner - t) mod G, so the owner's own rows come first), the expert's rows padded once to a multiple of
+// kBlockM. A compute row block (kBlockM rows of one expert) may therefore hold rows of several sources; each
+// source publishes one flag per (row block, source) that it wrote into. The owner's own rows are never
+// copied: GEMM0 gathers them from x.
 struct RowBlock {
   int le;        // local expert on the owner
   int expert;    // global expert id
-  int src;       // source rank of the rows
+  int src;       // dispatch: the source rank (this rank); compute: -1 (per row, see load_block_pairs)
   int dst;       // owner rank
-  int mb;        // block index inside the segment
   int num_rows;  // valid rows (<= kBlockM)
-  int row0;      // first row in the owner's receive buffer (multiple of kBlockM)
-  int slot0;     // first slot inside the source's per-expert order (mb * kBlockM)
+  int row0;      // first row in the owner's receive buffer (compute blocks: a multiple of kBlockM)
+  int slot0;     // first row inside the expert's rows on the owner (compute) / inside this rank's pairs of
+                 // the expert (dispatch)
+  int seg;       // index of the expert's step-0 entry in segoff: (owner * El + le) * G
 };
 
 struct LayoutView {
   const SharedLayout& s;
   const Params& p;
 
-  __device__ int segment_row0(int owner, int le, int src) const {
+  // First receive row of the segment of step t of (owner, le), relative to the owner's receive buffer.
+  __device__ int segment_row0(int owner, int le, int step) const {
     const int G = p.world, El = p.num_local_experts;
-    return s.rowoff[(owner * El + le) * G + src] - s.rowoff[owner * El * G];
+    return s.segoff[(owner * El + le) * G + step] - s.segoff[owner * El * G];
   }
-  // idx-th row block this rank computes (order: local expert, then sources r, r-1, ..., then block).
+  // Rows of step t of a compute block's expert, as offsets inside the expert's rows: [begin, end).
+  __device__ int step_begin(const RowBlock& b, int step) const { return s.segoff[b.seg + step] - s.segoff[b.seg]; }
+  __device__ int step_rows(const RowBlock& b, int step) const {
+    const int src = (b.dst - step + p.world) % p.world;
+    return s.cnt[src * p.num_experts + b.expert];
+  }
+  // idx-th row block this rank computes (order: local expert, then block).
   __device__ RowBlock compute_block(int idx) const {
     const int G = p.world, El = p.num_local_experts;
-    const int q = find_segment(s.tq, G * El, idx);
     RowBlock b;
-    const int step = q % G;
-    b.le = q / G;
+    b.le = find_segment(s.tq, El, idx);
     b.dst = p.rank;
-    b.src = (p.rank - step + G) % G;
+    b.src = -1;
     b.expert = p.owner_experts[p.rank * El + b.le];
-    b.mb = idx - s.tq[q];
-    b.slot0 = b.mb * Config::kBlockM;
-    b.num_rows = min(Config::kBlockM, s.cnt[b.src * p.num_experts + b.expert] - b.slot0);
-    b.row0 = segment_row0(p.rank, b.le, b.src) + b.slot0;
+    b.seg = (p.rank * El + b.le) * G;
+    b.slot0 = (idx - s.tq[b.le]) * Config::kBlockM;
+    int total = 0;
+    for (int t = 0; t < G; ++t) total += step_rows(b, t);
+    b.num_rows = min(Config::kBlockM, total - b.slot0);
+    b.row0 = segment_row0(p.rank, b.le, 0) + b.slot0;
     return b;
   }
-  // idx-th row block this rank sends (destinations r+1, r+2, ..., then local expert, then block). Rows for
-  // this rank's own experts are never copied: GEMM0 gathers them straight from x.
+  // idx-th row piece this rank sends (destinations r+1, r+2, ..., then local expert, then piece): the part
+  // of this rank's segment at the owner that falls into one of the owner's row blocks.
   __device__ RowBlock dispatch_block(int idx) const {
-    const int G = p.world, El = p.num_local_experts;
+    const int G = p.world, El = p.num_local_experts, BM = Config::kBlockM;
     const int q = find_segment(s.dq, (G - 1) * El, idx);
     RowBlock b;
-    const int step = 1 + q / El;
     b.le = q % El;
     b.src = p.rank;
-    b.dst = (p.rank + step) % G;
+    b.dst = (p.rank + 1 + q / El) % G;
     b.expert = p.owner_experts[b.dst * El + b.le];
-    b.mb = idx - s.dq[q];
-    b.slot0 = b.mb * Config::kBlockM;
-    b.num_rows = min(Config::kBlockM, s.cnt[p.rank * p.num_experts + b.expert] - b.slot0);
-    b.row0 = segment_row0(b.dst, b.le, p.rank) + b.slot0;
+    b.seg = (b.dst * El + b.le) * G;
+    const int a = segment_row0(b.dst, b.le, (b.dst - p.rank + G) % G);
+    const int n = s.cnt[p.rank * p.num_experts + b.expert];
+    const int blk = a / BM + (idx - s.dq[q]);
+    const int r0 = max(a, blk * BM), r1 = min(a + n, (blk + 1) * BM);
+    b.row0 = r0;
+    b.num_rows = r1 - r0;
+    b.slot0 = r0 - a;
     return b;
   }
-  __device__ int num_compute_blocks() const { return s.tq[p.world * p.num_local_experts]; }
-  __device__ int expert_first_block(int le) const { return s.tq[le * p.world]; }
-  __device__ int expert_num_blocks(int le) const { return s.tq[(le + 1) * p.world] - s.tq[le * p.world]; }
+  __device__ int num_compute_blocks() const { return s.tq[p.num_local_experts]; }
+  __device__ int expert_first_block(int le) const { return s.tq[le]; }
+  __device__ int expert_num_blocks(int le) const { return s.tq[le + 1] - s.tq[le]; }
   // t-th tile of a phase that has `ncols` column blocks per row block, expert-major, then column block, then
   // row block: consecutive tiles share one weight tile (read once from HBM, then from L2). Returns the row
   // block index; *col gets the column block.
   __device__ int expert_major_tile(int t, int ncols, int* col) const {
-    const int G = p.world;
-    const int le = find_segment(s.tq, G * p.num_local_experts, t / ncols) / G;
+    const int le = find_segment(s.tq, p.num_local_experts, t / ncols);
     const int nblk = expert_num_blocks(le);
     const int off = t - ncols * expert_first_block(le);
     *col = off / nblk;
@@ -148,37 +166,39 @@ struct LayoutView {
   __device__ int num_dispatch_blocks() const { return s.dq[(p.world - 1) * p.num_local_experts]; }
 };
 
-// Fill rowoff, tq and dq from cnt (all threads). Returns false (error raised) if a receive buffer overflows.
+// Fill segoff, tq and dq from cnt (all threads). Returns false (error raised) if a receive buffer overflows.
 __device__ __forceinline__ bool build_layout(SharedLayout& s, const Params& p) {
   const int G = p.world, El = p.num_local_experts, E = p.num_experts, BM = Config::kBlockM;
   const int* owner_experts = p.owner_experts;
+  // rows of (owner dl / El, local expert dl % El) from the source of step t
+  auto rows = [&](int dl, int t) { return s.cnt[((dl / El) - t + G) % G * E + owner_experts[dl]]; };
+  auto padded = [&](int dl) {
+    int total = 0;
+    for (int t = 0; t < G; ++t) total += rows(dl, t);
+    return ceil_div(total, BM) * BM - total;
+  };
   block_scan(
-      G * El * G,
-      [&](int i) {
-        const int src = i % G, dl = i / G;  // dl = owner * El + le
-        return ceil_div(s.cnt[src * E + owner_experts[dl]], BM) * BM;
-      },
-      s.rowoff, s.scan_tmp);
+      G * El * G, [&](int i) { return rows(i / G, i % G) + (i % G == G - 1 ? padded(i / G) : 0); }, s.segoff,
+      s.scan_tmp);
   block_scan(
-      G * El,
-      [&](int q) {
-        const int src = (p.rank - q % G + G) % G;
-        return ceil_div(s.cnt[src * E + owner_experts[p.rank * El + q / G]], BM);
-      },
+      El, [&](int le) { return (s.segoff[(p.rank * El + le + 1) * G] - s.segoff[(p.rank * El + le) * G]) / BM; },
       s.tq, s.scan_tmp);
   block_scan(
       (G - 1) * El,
       [&](int q) {
-        const int dst = (p.rank + 1 + q / El) % G;
-        return ceil_div(s.cnt[p.rank * E + owner_experts[dst * El + q % El]], BM);
+        const int dst = (p.rank + 1 + q / El) % G, dl = dst * El + q % El;
+        const int n = s.cnt[p.rank * E + owner_experts[dl]];
+        if (n == 0) return 0;
+        const int a = s.segoff[dl * G + (dst - p.rank + G) % G] - s.segoff[dst * El * G];
+        return (a + n - 1) / BM - a / BM + 1;
       },
       s.dq, s.scan_tmp);
   if (threadIdx.x == 0) {
     int ok = 1;
     for (int d = 0; d < G; ++d) {
-      const int rows = s.rowoff[(d + 1) * El * G] - s.rowoff[d * El * G];
-      if (rows > p.recv_cap_rows) {
-        raise_error(p, kErrRecvOverflow, d, rows);
+      const int rows_d = s.segoff[(d + 1) * El * G] - s.segoff[d * El * G];
+      if (rows_d > p.recv_cap_rows) {
+        raise_error(p, kErrRecvOverflow, d, rows_d);
         ok = 0;
       }
     }

@@ -83,6 +83,10 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   }
   if (!grid_barrier(p, 1, &s.ok)) return false;  // sorted_pair complete before anyone dispatches
 
+  // weave: stage the cost table in shared memory while the peers' counts are in flight (the choice reads it
+  // a few thousand times; from L2 those dependent loads made the choice cost 8-9 us)
+  if (p.policy == kPolicyWeave)
+    for (int i = tid; i < cost_table::kLen; i += Config::kThreads) s.cost_table[i] = __ldg(p.cost_table + i);
   // every CTA: wait for all ranks' counts, load them, build the layout
   if (tid == 0) {
     bool ok = true;
@@ -104,7 +108,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     // Weave's spatial choice for this rank: every CTA evaluates the cost model on the same gathered counts
     // with the same deterministic parallel argmin, so all CTAs agree on (c*, K*) without communicating.
     tc = tl_now(p);
-    const CostChoice c = choose_split_parallel<Config::kThreads>(p.cost_table, s.cnt, p.expert_owner, p.rank, G, E,
+    const CostChoice c = choose_split_parallel<Config::kThreads>(s.cost_table, s.cnt, p.expert_owner, p.rank, G, E,
                                                                  p.hidden, p.inter, s.red_sums, s.red_best);
     choice_c = c.num_comm_sms;
     choice_k = c.num_chunks;
@@ -140,7 +144,7 @@ __device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) 
 // static:C compute loop. Tickets go expert by expert (so a weight tile is read from HBM once and reused from
 // L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1 tiles
 // of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its GEMM1.
-// Within a segment: column block, then row block (local rows first, then each source's).
+// Within a segment: column block, then row block (the expert's rows: this rank's own first, then each source's).
 // Also the weave policy's loop: there the comm CTAs enter it after their dispatch blocks (bubble stealing) and
 // claim from the same ticket, so no tile runs twice; `role` only labels the timeline records.
 __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
@@ -169,12 +173,12 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
     if (off < g0_tiles) {
       const int nblk = lv.expert_num_blocks(seg);
       const RowBlock b = lv.compute_block(lv.expert_first_block(seg) + off % nblk);
-      if (!gemm0_tile(p, s, smem, b, off / nblk, role)) return false;
+      if (!gemm0_tile(p, s, smem, lv, b, off / nblk, role)) return false;
     } else {
       off -= g0_tiles;
       const int le = seg - L, nblk = lv.expert_num_blocks(le);
       const RowBlock b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
-      if (!gemm1_tile(p, s, smem, b, off / nblk, role, true)) return false;
+      if (!gemm1_tile(p, s, smem, lv, b, off / nblk, role, true)) return false;
       if (threadIdx.x == 0) {
         __threadfence_system();
         if (atomicAdd(done, 1u) == static_cast<uint32_t>(NB * n1) - 1) post_combine_flags(p);
@@ -200,7 +204,7 @@ __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s
     if (t >= NB * n0) break;
     int col;
     const int blk = lv.expert_major_tile(t, n0, &col);
-    if (!gemm0_tile(p, s, smem, lv.compute_block(blk), col, kRoleCompute)) return false;
+    if (!gemm0_tile(p, s, smem, lv, lv.compute_block(blk), col, kRoleCompute)) return false;
   }
   if (!grid_barrier(p, 3, &s.ok)) return false;
   for (;;) {
@@ -208,14 +212,14 @@ __device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s
     if (t >= NB * n1) break;
     int col;
     const int blk = lv.expert_major_tile(t, n1, &col);
-    if (!gemm1_tile(p, s, smem, lv.compute_block(blk), col, kRoleCompute, false)) return false;
+    if (!gemm1_tile(p, s, smem, lv, lv.compute_block(blk), col, kRoleCompute, false)) return false;
   }
   if (!grid_barrier(p, 4, &s.ok)) return false;
   for (int i = blockIdx.x; i < NB; i += p.num_ctas) {
     const uint64_t t0 = tl_now(p);
     const RowBlock b = lv.compute_block(i);
-    combine_block(p, s, b);
-    tl_record(p, s, t0, kRoleComm, kTaskCombine, b.row0 / Config::kBlockM, b.src);
+    combine_block(p, s, lv, b);
+    tl_record(p, s, t0, kRoleComm, kTaskCombine, b.row0 / Config::kBlockM, -1);
   }
   if (threadIdx.x == 0) __threadfence_system();
   if (!grid_barrier(p, 5, &s.ok)) return false;

@@ -62,7 +62,8 @@ __device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow s
   }
 }
 
-// ---- dispatch: push one row block of this rank's tokens into the owner's receive buffer ----------------
+// ---- dispatch: push one row piece of this rank's tokens into the owner's receive buffer -----------------
+// The piece lies inside one of the owner's row blocks; its flag is (row block, source) = (row0 / BM, rank).
 __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, const RowBlock& b) {
   const int H = p.hidden;
   int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
@@ -82,45 +83,72 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + b.row0 / Config::kBlockM, p.epoch);
+    st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + (b.row0 / Config::kBlockM) * p.world + p.rank,
+                       p.epoch);
   }
 }
 
-// Pair ids (token * top_k + j on the source) of a computed block's rows into s.pair. Local rows come from
-// this rank's sorted pair list, received rows from the metadata the source pushed with them.
-__device__ __forceinline__ void load_block_pairs(const Params& p, SharedLayout& s, const RowBlock& b) {
-  if (threadIdx.x < b.num_rows)
-    s.pair[threadIdx.x] = b.src == p.rank
-                              ? __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x)
-                              : __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+// Pair ids (token * top_k + j on the source) and source ranks of a computed block's rows into s.pair and
+// s.psrc. The owner's own rows (the expert's first rows) come from this rank's sorted pair list, received
+// rows from the metadata their source pushed with them. No __syncthreads.
+__device__ __forceinline__ void load_block_pairs(const Params& p, SharedLayout& s, const LayoutView& lv,
+                                                 const RowBlock& b) {
+  if (threadIdx.x >= b.num_rows) return;
+  const int er = b.slot0 + threadIdx.x;  // row inside the expert's rows
+  if (er < lv.step_rows(b, 0)) {
+    s.pair[threadIdx.x] = __ldcg(p.sorted_pair + s.ebase[b.expert] + er);
+    s.psrc[threadIdx.x] = p.rank;
+    return;
+  }
+  int step = 1;
+  while (step + 1 < p.world && lv.step_begin(b, step + 1) <= er) ++step;
+  s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  s.psrc[threadIdx.x] = (p.rank - step + p.world) % p.world;
+}
+
+// Wait (thread 0) until every source whose rows fall into compute block b has published them.
+__device__ __forceinline__ bool wait_block_rows(const Params& p, SharedLayout& s, const LayoutView& lv,
+                                                const RowBlock& b) {
+  const int rb = b.row0 / Config::kBlockM;
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int step = 1; step < p.world && ok; ++step) {
+      const int n = lv.step_rows(b, step), beg = lv.step_begin(b, step);
+      if (n == 0 || beg >= b.slot0 + b.num_rows || beg + n <= b.slot0) continue;
+      const int src = (p.rank - step + p.world) % p.world;
+      const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_blk_flag) + rb * p.world + src;
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutRows, rb, src);
+    }
+    s.ok = ok;
+  }
+  __syncthreads();
+  return cta_read_ok(&s.ok);
 }
 
 // ---- GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
-__device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
-                                           int col_block, uint16_t role) {
+__device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+                                           const RowBlock& b, int col_block, uint16_t role) {
   const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
-  const bool local = b.src == p.rank;
   const uint64_t t0 = tl_now(p);
-  if (!local && !cta_wait_flag_sys(p, sym<uint64_t>(p, p.rank, p.off_blk_flag) + rb, p.epoch, kErrTimeoutRows, rb,
-                                   b.src, &s.ok))
-    return false;
+  if (!wait_block_rows(p, s, lv, b)) return false;
   tl_wait(p, s, t0, role, rb, col_block);
   const uint64_t t1 = tl_now(p);
-  if (local) {  // gather this rank's own rows straight from x
-    load_block_pairs(p, s, b);
-    __syncthreads();
-  }
+  load_block_pairs(p, s, lv, b);
+  __syncthreads();
 
   TileOperands op;
   op.valid = 0;
-  op.a_base = local ? reinterpret_cast<const bf16*>(p.x)
-                    : sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0) * H;
+  op.a_base = reinterpret_cast<const bf16*>(p.x);
+  const bf16* recv = sym<const bf16>(p, p.rank, p.off_recv_x);
   op.b_base = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
 #pragma unroll
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
     const bool ok = m < b.num_rows;
-    op.set_a(i, ok, local ? (ok ? s.pair[m] / p.top_k : 0) * H : m * H);
+    const bool own = ok && s.psrc[m] == p.rank;  // own rows: gathered from x; others: received rows
+    op.set_a_row(i, ok,
+                 own ? op.a_base + static_cast<int64_t>(s.pair[m] / p.top_k) * H
+                     : recv + static_cast<int64_t>(b.row0 + m) * H);
   }
   // B chunk i: tile row n = tid / 8 + 32 i; rows [0, 128) gate h columns, [128, 256) up (wgmma.cuh)
   static_assert(Config::kHalfN == 4 * 32, "GEMM0 B rows: chunks 0-3 gate, 4-7 up");
@@ -155,8 +183,8 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
 
 // ---- GEMM1: out[rows, kBlockN cols] = h_rows W2^T; pushed to the source's combine slots (static policy) or
 // written in place over the receive rows (sequential policy, pushed later by the combine phase) ----------
-__device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uint8_t* smem, const RowBlock& b,
-                                           int col_block, uint16_t role, bool push_now) {
+__device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+                                           const RowBlock& b, int col_block, uint16_t role, bool push_now) {
   const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
   const uint32_t need = static_cast<uint32_t>(ceil_div(I, Config::kHalfN));
   const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
@@ -168,7 +196,7 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
   tl_wait(p, s, t0, role, rb, col_block);
   const uint64_t t1 = tl_now(p);
 
-  load_block_pairs(p, s, b);
+  load_block_pairs(p, s, lv, b);  // read after the mainloop's closing __syncthreads
 
   TileOperands op;
   op.valid = 0;
@@ -191,14 +219,14 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
   stage_plain(acc, st);
   __syncthreads();
   const int col0 = col_block * Config::kBlockN;
-  bf16* dst_base = push_now ? sym<bf16>(p, b.src, p.off_comb) : sym<bf16>(p, p.rank, p.off_recv_x);
   constexpr int kChunks = Config::kBlockN / 8;
   for (int c = threadIdx.x; c < Config::kBlockM * kChunks; c += Config::kThreads) {
     const int m = c / kChunks, chunk = c % kChunks, col = col0 + chunk * 8;
     if (m < b.num_rows && col < H) {
-      const int64_t row = push_now ? s.pair[m] : b.row0 + m;
-      *reinterpret_cast<int4*>(dst_base + row * H + col) =
-          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+      // static / weave: straight into the source's combine slot; sequential: in place over the receive row
+      bf16* dst = push_now ? sym<bf16>(p, s.psrc[m], p.off_comb) + static_cast<int64_t>(s.pair[m]) * H
+                           : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0 + m) * H;
+      *reinterpret_cast<int4*>(dst + col) = *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
     }
   }
   __syncthreads();
@@ -213,15 +241,15 @@ __device__ __forceinline__ void post_combine_flags(const Params& p) {
 }
 
 // ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
-__device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const RowBlock& b) {
+__device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const LayoutView& lv,
+                                              const RowBlock& b) {
   const int row_chunks = p.hidden / 8;
-  load_block_pairs(p, s, b);
+  load_block_pairs(p, s, lv, b);
   __syncthreads();
   const int4* out = sym<const int4>(p, p.rank, p.off_recv_x);
-  int4* comb = sym<int4>(p, b.src, p.off_comb);
   copy_rows(
       b.num_rows, row_chunks, [&](int m) { return out + static_cast<int64_t>(b.row0 + m) * row_chunks; },
-      [&](int m) { return comb + static_cast<int64_t>(s.pair[m]) * row_chunks; });
+      [&](int m) { return sym<int4>(p, s.psrc[m], p.off_comb) + static_cast<int64_t>(s.pair[m]) * row_chunks; });
   __syncthreads();
 }
 

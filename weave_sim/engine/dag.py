@@ -160,10 +160,11 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
-                segment_pad_rows: int | None = None) -> TaskGraph:
+                segment_pad_rows: int | None = None, expert_pad_rows: int | None = None) -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
-    segment_pad_rows: see SimOptions (None: row blocks cut over an expert's rows from all sources).
+    segment_pad_rows / expert_pad_rows: see SimOptions (both None: row blocks cut over an expert's rows from
+    all sources, each charged its rows).
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
     dispatch_order: order of rows in each dispatch stream, one of DISPATCH_ORDERS.
     """
@@ -204,7 +205,11 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     # Row blocks of every local expert, per GPU.
     if dispatch_order not in DISPATCH_ORDERS:
         raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {dispatch_order!r}")
-    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, segment_pad_rows) for g in range(G)]
+    if segment_pad_rows is not None and expert_pad_rows is not None:
+        raise ValueError("segment_pad_rows and expert_pad_rows exclude each other")
+    pad_rows = segment_pad_rows if segment_pad_rows is not None else expert_pad_rows
+    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, pad_rows, segment_pad_rows is not None)
+           for g in range(G)]
     rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
     arrived = b.add(K_BARRIER, rb_gpu)
     b.edges(known[rb_gpu], arrived)
@@ -231,7 +236,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         rb_order.append(rank)
         # FLOP/ns per SM. With padded segments the padding is charged as rows, so a small expert is not
         # also charged the small-M rate: its tiles run at the rate of at least a full tile.
-        eff_rows = x["expert_rows"] if segment_pad_rows is None else np.maximum(x["expert_rows"], tile_rows)
+        eff_rows = x["expert_rows"] if pad_rows is None else np.maximum(x["expert_rows"], tile_rows)
         rate = profile.per_sm_tflops(eff_rows) * _FLOP_PER_NS_PER_TFLOPS
         rb_rate.append(rate)
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
@@ -304,15 +309,16 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
 
 
 def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str,
-              pad_rows: int | None = None) -> dict:
+              pad_rows: int | None = None, per_segment: bool = False) -> dict:
     """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on (see DISPATCH_ORDERS).
-    With `pad_rows`, blocks never straddle two sources' segments and cost their rows rounded up to pad_rows."""
+    With `per_segment`, blocks never straddle two sources' segments; with `pad_rows`, a block costs its rows
+    rounded up to pad_rows."""
     le = w.placement.local_experts(g)
     seg_n = w.pair_counts[:, g, le][ring].T  # [experts, ring position]
     seg_end = np.cumsum(seg_n, axis=1)
     seg_start = seg_end - seg_n
     e_rows = seg_end[:, -1] if le.size else np.zeros(0, np.int64)
-    if pad_rows is None:
+    if not per_segment:
         nb = -(-e_rows // tile_rows)
         rb_e = np.repeat(np.arange(le.size), nb)
         lo = (np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)) * tile_rows

@@ -35,8 +35,10 @@ class SimOptions:
     gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
     dispatch_order: 'token' or 'expert', the order of rows in each dispatch stream (see dag.py).
     fairness: 'shares' or 'maxmin', how transfers share NVLink (see hardware.py).
-    segment_pad_rows: None, or cut row blocks per (expert, source) segment, as the megakernel lays out its
-        receive buffer, and charge each GEMM tile its rows rounded up to this many (the MMA granularity).
+    segment_pad_rows: None, or cut row blocks per (expert, source) segment, as the first megakernel laid out
+        its receive buffer, and charge each GEMM tile its rows rounded up to this many (the MMA granularity).
+    expert_pad_rows: None, or (row blocks cut over an expert's rows from all sources, as the megakernel packs
+        them now) charge each GEMM tile its rows rounded up to this many. Excludes segment_pad_rows.
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
     """
 
@@ -49,6 +51,7 @@ class SimOptions:
     dispatch_order: str = "token"
     fairness: str = "shares"
     segment_pad_rows: int | None = None
+    expert_pad_rows: int | None = None
     record_timeline: bool = False
 
     def __post_init__(self) -> None:
@@ -57,10 +60,12 @@ class SimOptions:
 
         if self.tile_rows < 1 or self.tile_cols < 1:
             raise ValueError(f"tile sizes must be >= 1, got {self.tile_rows} x {self.tile_cols}")
-        for name in ("comm_chunk_rows", "gemm_tasks_per_sm", "segment_pad_rows"):
+        for name in ("comm_chunk_rows", "gemm_tasks_per_sm", "segment_pad_rows", "expert_pad_rows"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be None or >= 1, got {v}")
+        if self.segment_pad_rows is not None and self.expert_pad_rows is not None:
+            raise ValueError("segment_pad_rows and expert_pad_rows exclude each other")
         if not self.jitter >= 0:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
         if self.dispatch_order not in DISPATCH_ORDERS:
@@ -88,7 +93,8 @@ class SimContext:
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
                                             tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
-                                            dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows)
+                                            dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows,
+                                            expert_pad_rows=o.expert_pad_rows)
         return self._graphs[key]
 
     def simulate(self, plan: Plan) -> LayerResult:
