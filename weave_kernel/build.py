@@ -7,7 +7,7 @@ from pathlib import Path
 # WEAVE_KERNEL_CSRC: build another copy of the sources instead (A/B runs of two kernel versions in one device
 # session; give each its own TORCH_EXTENSIONS_DIR, the extension name stays the same)
 CSRC = Path(os.environ.get("WEAVE_KERNEL_CSRC") or Path(__file__).resolve().parent / "csrc")
-SOURCES = ("binding.cpp", "launch.cu")
+SOURCES = ("binding.cpp", "launch.cu", "calib.cu")
 CUDA_FLAGS = (
     "-gencode=arch=compute_90a,code=sm_90a",
     "-O3",

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "calib_params.h"
 #include "cost_model.cuh"
 #include "params.h"
 
@@ -15,6 +16,10 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream);
 extern "C" int weave_moe_max_ctas(int device);
 extern "C" const char* weave_cuda_error_string(int code);
 extern "C" int weave_static_smem_bytes();
+extern "C" int weave_calib_push(const weave::CalibPushArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_gemm(const weave::CalibGemmArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_claim(const weave::CalibClaimArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_signal(const weave::CalibSignalArgs* args, int num_ctas, void* stream);
 
 namespace py = pybind11;
 
@@ -112,6 +117,117 @@ py::dict timeline_layout() {
   return d;
 }
 
+
+// ---- calibration microbenchmarks (calib.cuh; weave_kernel/calibrate.py checks the tensors) ----------------
+// arg / addr read the calibration dicts (own names: tests/kernel/test_weave_policy.py checks that the keys read
+// through get / ptr are exactly the megakernel launch dict's).
+template <typename T>
+T arg(const py::dict& d, const char* key) {
+  return get<T>(d, key);
+}
+template <typename T>
+T* addr(const py::dict& d, const char* key) {
+  return ptr<T>(d, key);
+}
+
+// The fields of Params the calibration kernels' spins, grid barrier and sym() read; the rest stay null.
+weave::Params calib_sync(const py::dict& d, int num_ctas) {
+  weave::Params p{};
+  p.err = addr<int32_t>(d, "err");
+  p.timeout_ns = arg<uint64_t>(d, "timeout_ns");
+  p.num_ctas = num_ctas;
+  if (d.contains("grid_bar")) p.grid_bar = addr<uint32_t>(d, "grid_bar");
+  if (d.contains("peer_base")) p.peer_base = addr<const uint64_t>(d, "peer_base");
+  if (p.err == nullptr || p.timeout_ns == 0) throw std::invalid_argument("weave calib: needs err and timeout_ns > 0");
+  return p;
+}
+
+void calib_check(int err, const char* what) {
+  if (err != 0) throw std::runtime_error(std::string(what) + " failed: " + weave_cuda_error_string(err));
+}
+
+void calib_push(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibPushArgs a{};
+  a.src = addr<const void>(d, "src");
+  a.off_start_flag = arg<int64_t>(d, "off_start_flag");
+  a.off_blk_flag = arg<int64_t>(d, "off_blk_flag");
+  a.off_dst = arg<int64_t>(d, "off_dst");
+  a.slot_bytes = arg<int64_t>(d, "slot_bytes");
+  a.times = addr<uint64_t>(d, "times");
+  a.rank = arg<int32_t>(d, "rank");
+  a.world = arg<int32_t>(d, "world");
+  a.num_peers = arg<int32_t>(d, "num_peers");
+  a.num_blocks = arg<int32_t>(d, "num_blocks");
+  a.block_rows = arg<int32_t>(d, "block_rows");
+  a.row_chunks = arg<int32_t>(d, "row_chunks");
+  a.epoch = arg<uint64_t>(d, "epoch");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.sync.peer_base == nullptr) throw std::invalid_argument("weave calib push: needs peer_base");
+  if (a.world < 2 || a.world > 8 || a.rank < 0 || a.rank >= a.world || a.num_peers < 1 || a.num_peers >= a.world)
+    throw std::invalid_argument("weave calib push: needs 2 <= world <= 8 and 1 <= num_peers < world");
+  if (a.num_blocks < 1 || a.num_blocks > weave::kCalibMaxBlocks || a.block_rows < 1 || a.row_chunks < 1 ||
+      a.epoch == 0 || num_ctas < 1)
+    throw std::invalid_argument("weave calib push: bad sizes");
+  const int64_t rows_per_peer = static_cast<int64_t>((a.num_blocks + a.num_peers - 1) / a.num_peers) * a.block_rows;
+  if (rows_per_peer * a.row_chunks * 16 > a.slot_bytes)
+    throw std::invalid_argument("weave calib push: a peer's rows do not fit its receive slot");
+  calib_check(weave_calib_push(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib push");
+}
+
+void calib_gemm(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibGemmArgs a{};
+  a.a = addr<const void>(d, "a");
+  a.b = addr<const void>(d, "b");
+  a.c = addr<void>(d, "c");
+  a.tickets = addr<uint32_t>(d, "tickets");
+  a.num_experts = arg<int32_t>(d, "num_experts");
+  a.rows_per_expert = arg<int32_t>(d, "rows_per_expert");
+  a.n = arg<int32_t>(d, "n");
+  a.k = arg<int32_t>(d, "k");
+  a.num_chunks = arg<int32_t>(d, "num_chunks");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.k % 64 || a.n % 64 || a.k < 64 || a.n < 64)
+    throw std::invalid_argument("weave calib gemm: n and k must be positive multiples of 64");
+  if (a.num_experts < 1 || a.rows_per_expert < 1 || a.num_chunks < 1 || num_ctas < 1)
+    throw std::invalid_argument("weave calib gemm: bad sizes");
+  if (static_cast<int64_t>(a.n) * a.k >= (int64_t{1} << 31) || 128 * static_cast<int64_t>(a.k) >= (int64_t{1} << 31))
+    throw std::invalid_argument("weave calib gemm: 32-bit operand offsets overflow");
+  if (a.num_chunks > 1 && a.sync.grid_bar == nullptr)
+    throw std::invalid_argument("weave calib gemm: chunks need grid_bar");
+  calib_check(weave_calib_gemm(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib gemm");
+}
+
+void calib_claim(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibClaimArgs a{};
+  a.counter = addr<uint32_t>(d, "counter");
+  a.times = addr<uint64_t>(d, "times");
+  a.claims = addr<int32_t>(d, "claims");
+  a.total_tickets = arg<int32_t>(d, "total_tickets");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.total_tickets < 0 || num_ctas < 1) throw std::invalid_argument("weave calib claim: bad sizes");
+  calib_check(weave_calib_claim(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib claim");
+}
+
+void calib_signal(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibSignalArgs a{};
+  const py::list wait = arg<py::list>(d, "wait"), post = arg<py::list>(d, "post");
+  if (num_ctas < 1 || num_ctas > 2 || static_cast<int>(wait.size()) != num_ctas || static_cast<int>(post.size()) != num_ctas)
+    throw std::invalid_argument("weave calib signal: 1 or 2 CTAs, one wait and one post flag each");
+  for (int i = 0; i < num_ctas; ++i) {
+    a.wait[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(wait[i].cast<uint64_t>()));
+    a.post[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(post[i].cast<uint64_t>()));
+  }
+  a.times = addr<uint64_t>(d, "times");
+  a.base = arg<uint64_t>(d, "base");
+  a.role0 = arg<int32_t>(d, "role0");
+  a.rounds = arg<int32_t>(d, "rounds");
+  a.warmup = arg<int32_t>(d, "warmup");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.role0 < 0 || a.role0 + num_ctas > 2 || a.rounds < 1 || a.warmup < 0 || a.warmup >= a.rounds)
+    throw std::invalid_argument("weave calib signal: roles in {0, 1}, 0 <= warmup < rounds");
+  calib_check(weave_calib_signal(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib signal");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -128,4 +244,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("cost_table_len") = weave::cost_table::kLen;
   m.attr("cost_table_version") = weave::cost_table::kVersion;
   m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);
+  m.def("calib_push", &calib_push, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_gemm", &calib_gemm, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_claim", &calib_claim, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_signal", &calib_signal, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.attr("calib_max_blocks") = weave::kCalibMaxBlocks;
 }

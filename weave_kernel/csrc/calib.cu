@@ -1,0 +1,49 @@
+// C launchers of the calibration kernels (calib.cuh); no torch headers. Each returns a cudaError_t code.
+#include <cuda_runtime.h>
+
+#include "calib.cuh"
+
+namespace {
+
+// One CTA per SM, as in the megakernel: every CTA asks for the megakernel's dynamic shared memory.
+template <typename Args>
+int launch_one_per_sm(void (*kernel)(Args), const Args* args, int num_ctas, bool cooperative, void* stream) {
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  constexpr int kSmem = weave::Config::kSmemDynamic;
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  void* kargs[] = {const_cast<Args*>(args)};
+  const auto s = static_cast<cudaStream_t>(stream);
+  err = cooperative ? cudaLaunchCooperativeKernel(fn, dim3(num_ctas), dim3(weave::Config::kThreads), kargs, kSmem, s)
+                    : cudaLaunchKernel(fn, dim3(num_ctas), dim3(weave::Config::kThreads), kargs, kSmem, s);
+  return static_cast<int>(err);
+}
+
+}  // namespace
+
+extern "C" int weave_calib_push(const weave::CalibPushArgs* args, int num_ctas, void* stream) {
+  return launch_one_per_sm(weave::calib_push_kernel, args, num_ctas, false, stream);
+}
+
+// Tickets are zeroed on the stream first; K > 1 chunks need all CTAs co-resident (cooperative launch).
+extern "C" int weave_calib_gemm(const weave::CalibGemmArgs* args, int num_ctas, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaMemsetAsync(args->tickets, 0, sizeof(uint32_t) * args->num_chunks, s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return launch_one_per_sm(weave::calib_gemm_kernel, args, num_ctas, args->num_chunks > 1, stream);
+}
+
+extern "C" int weave_calib_claim(const weave::CalibClaimArgs* args, int num_ctas, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaMemsetAsync(args->counter, 0, sizeof(uint32_t), s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return launch_one_per_sm(weave::calib_claim_kernel, args, num_ctas, true, stream);
+}
+
+extern "C" int weave_calib_signal(const weave::CalibSignalArgs* args, int num_ctas, void* stream) {
+  const void* fn = reinterpret_cast<const void*>(&weave::calib_signal_kernel);
+  void* kargs[] = {const_cast<weave::CalibSignalArgs*>(args)};
+  // cooperative: with two roles in one grid (one GPU), both CTAs must run at once
+  return static_cast<int>(cudaLaunchCooperativeKernel(fn, dim3(num_ctas), dim3(32), kargs, 0,
+                                                      static_cast<cudaStream_t>(stream)));
+}

@@ -1,0 +1,169 @@
+// Calibration microbenchmark kernels (python -m weave_kernel.calibrate): the megakernel's own pieces timed in
+// isolation, so that weave-sim's hardware profile describes this kernel rather than cuBLAS or a copy engine.
+//   calib_push_kernel    dispatch-style row pushes into peers' symmetric buffers (copy_rows + block flag)
+//   calib_gemm_kernel    expert-grouped GEMM of wgmma tiles (tile_mainloop) claimed from an atomic ticket,
+//                        optionally in K chunks separated by the kernel's grid barrier
+//   calib_claim_kernel   ticket claims, all CTAs at once
+//   calib_signal_kernel  release/acquire flag ping-pong (cross-GPU or within one GPU)
+// Framework-free: raw pointers only; arguments in calib_params.h.
+#pragma once
+#include <cstdint>
+
+#include "calib_params.h"
+#include "config.cuh"
+#include "gemm.cuh"
+#include "sync.cuh"
+#include "tasks.cuh"
+
+namespace weave {
+namespace calib {
+
+// The megakernel's claim_ticket (megakernel.cuh) on a plain shared int: that one reads the whole SharedLayout,
+// and including megakernel.cuh would define the megakernel in this translation unit too.
+__device__ __forceinline__ int claim(int* s_ticket, uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) *s_ticket = static_cast<int>(atomicAdd(counter, 1u));
+  __syncthreads();
+  return *s_ticket;
+}
+
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
+  return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);  // SW128 tiles need 1024-byte aligned bases
+}
+
+// Every CTA waits until every rank's CTA 0 posted `epoch` into this rank's start flags (CTA 0 posts first, so no
+// CTA waits on a CTA of its own grid). Call from all threads.
+__device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a, int* s_ok) {
+  const Params& p = a.sync;
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    for (int g = 0; g < a.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, a.off_start_flag) + a.rank, a.epoch);
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int g = 0; g < a.world && ok; ++g) {
+      const uint64_t* f = sym<const uint64_t>(p, a.rank, a.off_start_flag) + g;
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= a.epoch; }, kErrTimeoutCounts, g, 0);
+    }
+    *s_ok = ok;
+  }
+  __syncthreads();
+  return cta_read_ok(s_ok);
+}
+
+// One output tile (row block rb, column block col of expert e): gemm1_tile's operand setup, mainloop and
+// epilogue, storing to C instead of pushing.
+__device__ __forceinline__ void gemm_tile(const CalibGemmArgs& a, uint8_t* smem, int e, int rb, int col) {
+  const int K = a.k, N = a.n;
+  const int row0 = rb * Config::kBlockM, num_rows = min(Config::kBlockM, a.rows_per_expert - row0);
+  const int64_t grow0 = static_cast<int64_t>(e) * a.rows_per_expert + row0;
+  TileOperands op;
+  op.valid = 0;
+  op.a_base = reinterpret_cast<const bf16*>(a.a) + grow0 * K;
+  op.b_base = reinterpret_cast<const bf16*>(a.b) + static_cast<int64_t>(e) * N * K;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
+    op.set_a(i, m < num_rows, m * K);
+  }
+  const int n0 = col * Config::kBlockN + (threadIdx.x >> 3);  // B chunk i: output column n0 + 32 i
+  op.b_off0 = n0 * K;
+  op.b_step = 32 * K;
+  op.b_hi = 128 * K;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < N);
+  TileAcc acc;
+  tile_mainloop(op, K, smem, acc);
+  bf16* st = reinterpret_cast<bf16*>(smem);
+  stage_plain(acc, st);
+  __syncthreads();
+  bf16* c = reinterpret_cast<bf16*>(a.c) + grow0 * N;
+  constexpr int kChunks = Config::kBlockN / 8;
+  for (int i = threadIdx.x; i < Config::kBlockM * kChunks; i += Config::kThreads) {
+    const int m = i / kChunks, chunk = i % kChunks, cc = col * Config::kBlockN + chunk * 8;
+    if (m < num_rows && cc < N)
+      *reinterpret_cast<int4*>(c + static_cast<int64_t>(m) * N + cc) =
+          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+  }
+  __syncthreads();
+}
+
+}  // namespace calib
+
+__global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const __grid_constant__ CalibPushArgs a) {
+  __shared__ int s_ok;
+  if (!calib::meet_ranks(a, &s_ok)) return;
+  const Params& p = a.sync;
+  const uint64_t t0 = globaltimer_ns();
+  const int4* src = reinterpret_cast<const int4*>(a.src);
+  const int rc = a.row_chunks;
+  for (int b = blockIdx.x; b < a.num_blocks; b += gridDim.x) {
+    const int dst = (a.rank + 1 + b % a.num_peers) % a.world, j = b / a.num_peers;
+    int4* recv = sym<int4>(p, dst, a.off_dst + a.rank * a.slot_bytes);
+    const int64_t s0 = static_cast<int64_t>(b) * a.block_rows, d0 = static_cast<int64_t>(j) * a.block_rows;
+    copy_rows(
+        a.block_rows, rc, [&](int m) { return src + (s0 + m) * rc; },
+        [&](int m) { return recv + (d0 + m) * rc; });
+    __syncthreads();
+    if (threadIdx.x == 0) {  // as dispatch_block: the block's rows are visible before its flag
+      __threadfence_system();
+      st_release_sys_u64(sym<uint64_t>(p, dst, a.off_blk_flag) + a.rank * kCalibMaxBlocks + j, a.epoch);
+    }
+  }
+  if (threadIdx.x == 0) {
+    a.times[2 * blockIdx.x] = t0;
+    a.times[2 * blockIdx.x + 1] = globaltimer_ns();
+  }
+}
+
+__global__ void __launch_bounds__(Config::kThreads, 1) calib_gemm_kernel(const __grid_constant__ CalibGemmArgs a) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = calib::aligned_smem(smem_raw);
+  __shared__ int s_ticket, s_ok;
+  const int nb = ceil_div(a.n, Config::kBlockN), rb_all = ceil_div(a.rows_per_expert, Config::kBlockM);
+  for (int ch = 0; ch < a.num_chunks; ++ch) {
+    // chunk ch: row blocks [rb0, rb1) of every expert, expert-major, column block outer, row block inner
+    const int rb0 = ch * rb_all / a.num_chunks, nrb = (ch + 1) * rb_all / a.num_chunks - rb0;
+    const int per_expert = nrb * nb, total = a.num_experts * per_expert;
+    for (;;) {
+      const int t = calib::claim(&s_ticket, a.tickets + ch);
+      if (t >= total) break;
+      const int e = t / per_expert, off = t % per_expert;
+      calib::gemm_tile(a, smem, e, rb0 + off % nrb, off / nrb);
+    }
+    if (ch + 1 < a.num_chunks && !grid_barrier(a.sync, ch, &s_ok)) return;
+  }
+}
+
+__global__ void __launch_bounds__(Config::kThreads, 1) calib_claim_kernel(const __grid_constant__ CalibClaimArgs a) {
+  __shared__ int s_ticket;
+  const uint64_t t0 = globaltimer_ns();
+  int n = 1;  // the last, failed claim costs the same
+  while (calib::claim(&s_ticket, a.counter) < a.total_tickets) ++n;
+  if (threadIdx.x == 0) {
+    a.times[2 * blockIdx.x] = t0;
+    a.times[2 * blockIdx.x + 1] = globaltimer_ns();
+    a.claims[blockIdx.x] = n;
+  }
+}
+
+// One warp per CTA; thread 0 plays the role (the kernel's flags are set and polled by one thread too).
+__global__ void calib_signal_kernel(const __grid_constant__ CalibSignalArgs a) {
+  if (threadIdx.x != 0) return;
+  const Params& p = a.sync;
+  const int role = a.role0 + static_cast<int>(blockIdx.x);
+  const uint64_t* wait = a.wait[blockIdx.x];
+  uint64_t* post = a.post[blockIdx.x];
+  uint64_t t0 = 0;
+  for (int r = 1; r <= a.rounds; ++r) {
+    const uint64_t v = a.base + static_cast<uint64_t>(r);
+    if (role == 0 && r == a.warmup + 1) t0 = globaltimer_ns();
+    if (role == 0) st_release_sys_u64(post, v);
+    if (!spin_until(p, [&] { return ld_acquire_sys_u64(wait) >= v; }, kErrTimeoutRows, r, role)) return;
+    if (role == 1) st_release_sys_u64(post, v);
+  }
+  if (role == 0) {
+    a.times[0] = t0;
+    a.times[1] = globaltimer_ns();
+  }
+}
+
+}  // namespace weave
