@@ -29,7 +29,7 @@ from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.validate import KERNEL_LAYOUT  # the layout this kernel computes with (engine options)
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
-from .megakernel import MoEMegakernel
+from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import skewed_routing
 
@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-weave", action="store_true", help="time only the reference, sequential and static:C")
     ap.add_argument("--no-sequential", action="store_true", help="skip the sequential policy")
     ap.add_argument("--max-local-experts", type=int, default=0, help="cap experts per GPU (0 = the model's)")
+    ap.add_argument("--cost-profile", default=DEFAULT_COST_PROFILE,
+                    help="weave_sim profile (name or JSON path) whose cost table the kernel's weave choice reads")
     ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the routing skew")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
@@ -109,7 +111,8 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     w13 = (torch.randn(e_loc, 2 * I, H, device=dev, generator=gen) / H**0.5).to(torch.bfloat16)
     w2 = (torch.randn(e_loc, H, I, device=dev, generator=gen) / I**0.5).to(torch.bfloat16)
     layer = MoEMegakernel(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k,
-                          placement=placement, max_tokens=max_tokens, timeline_per_cta=4096 if args.trace else 0)
+                          placement=placement, max_tokens=max_tokens, timeline_per_cta=4096 if args.trace else 0,
+                          cost_profile=args.cost_profile)
     return layer, w13, w2
 
 
@@ -137,7 +140,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     # the counts the kernel exchanges (pair-based dispatch rows) and the cost model's choice for them
     res["counts"] = counts_from_routing(gathered, model.num_experts, placement)
     geo = geometry_model(H, I, model.num_experts, model.top_k, name=model.name)
-    py_choice = model_choice(res["counts"], geo, placement)
+    py_choice = model_choice(res["counts"], geo, placement, args.cost_profile)
     errs = {}
     for pol in policies:
         y = layer(x, ids_d, w_d, w13, w2, policy=pol)  # checked call: raises on any kernel error
@@ -148,7 +151,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
             res["weave_choice"] = {
                 "kernel": kc, "cost_model": py_choice,
                 "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
-                "profile": "h200", "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
+                "profile": args.cost_profile, "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
         ms = time_call(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.warmup, args.repeats)
         layer.raise_if_error()
         res["latency_ms"][pol] = max_over_ranks(ms)

@@ -164,6 +164,7 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
   const int par = static_cast<int>(p.epoch & 1);
   uint32_t* ticket = p.sched + par * 4 + 0;
   uint32_t* done = p.sched + par * 4 + 2;
+  uint32_t my_g1 = 0;  // GEMM1 tiles this CTA ran (thread 0's count)
   for (;;) {
     const int t = claim_ticket(s, ticket);
     if (t >= total) break;
@@ -179,11 +180,15 @@ __device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s,
       const int le = seg - L, nblk = lv.expert_num_blocks(le);
       const RowBlock b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
       if (!gemm1_tile(p, s, smem, lv, b, off / nblk, role, true)) return false;
-      if (threadIdx.x == 0) {
-        __threadfence_system();
-        if (atomicAdd(done, 1u) == static_cast<uint32_t>(NB * n1) - 1) post_combine_flags(p);
-      }
+      ++my_g1;
     }
+  }
+  // One system fence per CTA (not per GEMM1 tile) makes this CTA's combine rows visible before it counts
+  // them; the CTA that completes the count tells every source (post_combine_flags fences again, then
+  // releases the flags).
+  if (threadIdx.x == 0 && my_g1 > 0) {
+    __threadfence_system();
+    if (atomicAdd(done, my_g1) + my_g1 == static_cast<uint32_t>(NB * n1)) post_combine_flags(p);
   }
   return true;
 }
