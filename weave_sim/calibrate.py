@@ -83,7 +83,11 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     measured = ["nvlink", "gemm per-SM rate"]
     prof["nvlink"]["push_gbs_by_ctas"] = nvlink_curve(m["nvlink_push"])
     prof["nvlink"]["peak_gbs"] = max(prof["nvlink"]["push_gbs_by_ctas"].values())
+    prof["nvlink"]["note"] = ("Push GB/s per GPU vs comm CTAs, all ranks pushing at once with the kernel's own copy "
+                              "code; per CTA count the slowest peer count, made non-decreasing in CTAs.")
     prof["gemm"]["per_sm_tflops_by_rows"] = gemm_curve(m["gemm"])
+    prof["gemm"]["note"] = ("Per-SM rate of the kernel's own tiles vs rows per expert: median over compute CTA "
+                            "counts of TFLOP/s / CTAs, made non-decreasing in rows.")
     if "gemm_peak_tflops" in m:
         prof["gemm"]["peak_tflops"] = float(m["gemm_peak_tflops"])
         measured.append("gemm peak")
