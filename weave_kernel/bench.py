@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the routing skew")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--calls-per-rep", type=int, default=4,
+                    help="back-to-back calls timed per repetition (amortises the ranks' launch skew)")
+    ap.add_argument("--warm-gpu-s", type=float, default=2.0, help="seconds of matmuls before the first config")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="kernel_bench.json")
     ap.add_argument("--trace", default="", help="write a Chrome trace of the first config")
@@ -58,8 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def time_call(fn, warmup: int, repeats: int) -> float:
-    """Median milliseconds of fn() on this rank; ranks are synchronised before every repetition."""
+def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
+    """Median milliseconds of one fn() on this rank; ranks are synchronised before every repetition, and a
+    repetition times `calls` back-to-back calls (as a model runs its layers), so that the host's launch skew
+    between ranks, which the first call of a repetition absorbs, is amortised."""
     for _ in range(warmup):
         fn()
     times = []
@@ -69,11 +74,25 @@ def time_call(fn, warmup: int, repeats: int) -> float:
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / calls)
     return statistics.median(times)
+
+
+def warm_gpu(seconds: float, dev) -> None:
+    """Busy the GPU for `seconds` with bf16 matmuls so the first configuration is not timed while clocks ramp."""
+    if seconds <= 0:
+        return
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    dist.barrier()
 
 
 def max_over_ranks(v: float) -> float:
@@ -133,7 +152,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
 
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
     res["latency_ms"]["reference"] = max_over_ranks(
-        time_call(lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx), args.warmup, args.repeats))
+        time_call(lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx), args.warmup, args.repeats,
+                  args.calls_per_rep))
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
         policies += ["weave"] + [f"weave:{c}" for c in args.weave_comm if c < layer.num_ctas]
@@ -152,7 +172,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                 "kernel": kc, "cost_model": py_choice,
                 "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
                 "profile": args.cost_profile, "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
-        ms = time_call(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.warmup, args.repeats)
+        ms = time_call(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.warmup, args.repeats,
+                       args.calls_per_rep)
         layer.raise_if_error()
         res["latency_ms"][pol] = max_over_ranks(ms)
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
@@ -270,6 +291,8 @@ def weave_geomeans(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.repeats < 1 or args.calls_per_rep < 1 or args.warmup < 0:
+        raise SystemExit("--repeats and --calls-per-rep must be >= 1, --warmup >= 0")
     args.comm = [int(c) for c in args.comm.split(",") if c]
     args.weave_comm = args.comm if args.weave_comm is None else [int(c) for c in args.weave_comm.split(",") if c]
     dist.init_process_group("nccl")
@@ -281,7 +304,8 @@ def main(argv=None) -> int:
 
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
         header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
-                  f"routing, median of {args.repeats} after {args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
+                  f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
+                  f"{args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
         doc = {"header": header, "complete": final, "config": vars(args), "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
@@ -291,6 +315,7 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
         os.replace(tmp, args.out)
 
+    warm_gpu(args.warm_gpu_s, dev)
     for name in args.models.split(","):
         model = get_model(name)
         if args.max_local_experts and model.num_experts // world > args.max_local_experts:
@@ -312,7 +337,8 @@ def main(argv=None) -> int:
         del layer, w13, w2
         torch.cuda.empty_cache()
     header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
-              f"routing, median of {args.repeats} after {args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
+              f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
+              f"{args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
     if rank == 0:
         def geomean(v):
             return float(np.exp(np.mean(np.log(v)))) if v else float("nan")

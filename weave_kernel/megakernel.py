@@ -27,7 +27,7 @@ COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = 
 COST_TABLE_VERSION = 1       # weave::cost_table::kVersion
 CHOICE_LEN = 8               # weave::kChoiceLen (csrc/params.h); slots: ChoiceSlot
 CHOICE_SLOTS = ("c_star", "k_star", "time_ns", "comm_ctas_used", "epoch")
-DEFAULT_COST_PROFILE = "h200"
+DEFAULT_COST_PROFILE = "h200-megakernel"  # fitted to this kernel (docs/results.md); "h200" = seed
 DEFAULT_TIMEOUT_S = 2.0
 
 ERROR_TEXT = {

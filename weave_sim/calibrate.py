@@ -122,14 +122,17 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
-FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us")
-_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0)}
+FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us", "barrier_us")
+_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0)}
 
 
-def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float) -> dict:
+def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float,
+                   barrier_us: float | None = None) -> dict:
     """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
-    c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), and the per-layer fixed
-    cost of the count exchange set to fixed_us."""
+    c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), the per-layer fixed
+    cost of the count exchange set to fixed_us and (unless None) the cost of one grid barrier between the
+    fused sequential policy's phases set to barrier_us: a separate number, so that what only the phased
+    policy pays does not land in the fixed cost every policy pays."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
@@ -140,6 +143,8 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
     stretched = np.interp(ctas * push_scale, np.concatenate([[0.0], ctas]), np.concatenate([[0.0], rates]))
     nv["push_gbs_by_ctas"] = {str(int(c)): float(r) for c, r in zip(ctas, np.maximum.accumulate(stretched))}
     prof["fixed_ns"]["count_exchange"] = int(round(fixed_us * 1e3))
+    if barrier_us is not None:
+        prof["fixed_ns"]["grid_barrier"] = int(round(barrier_us * 1e3))
     return prof
 
 
@@ -170,7 +175,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
     bench = {**bench, "results": [r for r in bench.get("results", []) if r["tokens_per_gpu"] >= min_tokens]}
     base_raw = load_profile(base).raw
-    x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3}
+    x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
+         "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
 
     def err(params: dict) -> float:
         return fit_error(bench, scaled_profile(base_raw, **params), policies)[0]
@@ -190,7 +196,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     prof["measured_by"] = "weave-sim calibrate --fit (kernel benchmark latencies)"
     prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) latencies of {bench_path} "
                       f"({bench.get('header', 'kernel benchmark')}): per-SM GEMM rate x {x['gemm_scale']:.3f}, "
-                      f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us; "
+                      f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us, "
+                      f"grid barrier {x['barrier_us']:.1f} us; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies}

@@ -56,7 +56,8 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   int* my_cnt = s.cnt + p.rank * E;
   for (int e = tid; e < E; e += Config::kThreads) {
     int before = 0, total = 0;
-    for (int b = 0; b < p.num_ctas; ++b) {
+#pragma unroll 16
+    for (int b = 0; b < p.num_ctas; ++b) {  // independent L2 loads: keep many in flight
       const int v = __ldcg(p.cta_hist + b * E + e);
       before += b < static_cast<int>(blockIdx.x) ? v : 0;
       total += v;

@@ -277,15 +277,26 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
     const int64_t t = idx / row_chunks;
     const int c = static_cast<int>(idx % row_chunks);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < k; ++j) {
-      const float wj = __ldg(p.topk_weights + t * k + j);
-      int4 v = __ldcg(comb + (t * k + j) * row_chunks + c);
-      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+    // up to 8 of the k rows in flight per thread (the loads are independent; one at a time left the
+    // reduction at about half of HBM bandwidth)
+    for (int j0 = 0; j0 < k; j0 += 8) {
+      int4 v[8];
+      float wj[8];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(v2[q]);
-        acc[2 * q] += wj * f.x;
-        acc[2 * q + 1] += wj * f.y;
+      for (int u = 0; u < 8; ++u) {
+        const bool ok = j0 + u < k;
+        wj[u] = ok ? __ldg(p.topk_weights + t * k + j0 + u) : 0.f;
+        v[u] = ok ? __ldcg(comb + (t * k + j0 + u) * row_chunks + c) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(v2[q]);
+          acc[2 * q] += wj[u] * f.x;
+          acc[2 * q + 1] += wj[u] * f.y;
+        }
       }
     }
     int4 o;
