@@ -7,7 +7,7 @@
 #   mkdir -p tests/kernel/_ab_old_csrc && for f in $(git ls-files weave_kernel/csrc); do
 #     git show 9c0f8fa:$f > tests/kernel/_ab_old_csrc/$(basename $f); done     # (delete it afterwards)
 # Sources the old version lacks are built as empty files. Knobs: AB_BENCH_ARGS (benchmark arguments, both
-# versions), END_S (seconds for the whole script), AB_PROBE=1 (GEMM probe of both), AB_SANITIZE=1.
+# versions), END_S (seconds for the whole script), AB_PROBE=1 (GEMM probe of both, after both builds), AB_SANITIZE=1.
 # Used for "wgmma serialisation fixed" and "rows packed per expert" in docs/kernel.md.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_EXTENSIONS_DIR=/tmp/weave_ext
@@ -22,10 +22,12 @@ for s in $(python3 -c "from weave_kernel.build import SOURCES; print(*SOURCES)")
 STAGES=build; [ "${AB_TEST2:-1}" = 1 ] && STAGES=$STAGES,test2; [ "${AB_TEST1:-1}" = 1 ] && STAGES=$STAGES,test1
 TEST2_TIMEOUT=150 timeout $(left) bash tests/kernel/device_run.sh $STAGES > $OUT/stage1.log 2>&1
 echo "stage1 rc $? [${SECONDS}s]" >> $OUT/stage1.log
+wait
 if [ "${AB_PROBE:-0}" = 1 ]; then
   timeout 60 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe > $OUT/probe.log 2>&1
+  TORCH_EXTENSIONS_DIR=/tmp/ext_old WEAVE_KERNEL_CSRC=$OLD timeout 60 torchrun --nproc_per_node=1 \
+    -m weave_kernel.gemm_probe > $OUT/probe_old.log 2>&1
 fi
-wait
 timeout $(left) torchrun --nproc_per_node=2 -m weave_kernel.bench --out $OUT/bench_new.json $BENCH_ARGS \
   > $OUT/bench_new.log 2>&1; echo "bench new rc $? [${SECONDS}s]" >> $OUT/bench_new.log
 TORCH_EXTENSIONS_DIR=/tmp/ext_old WEAVE_KERNEL_CSRC=$OLD timeout $(left) torchrun --nproc_per_node=2 \
@@ -40,6 +42,7 @@ tail -2 $OUT/build_old.log | cut -c1-200
 grep -hE "^FAIL|Error" $OUT/stage1.log $OUT/test2.log $OUT/test1.log 2>/dev/null | head -5 | cut -c1-200
 grep -hE "^FAIL|Error" $OUT/bench_new.log $OUT/bench_old.log | head -3; tail -qn1 $OUT/bench_new.log $OUT/bench_old.log
 [ -f $OUT/sanitize_stage.log ] && grep -hE "SUMMARY|rc " $OUT/sanitize_stage.log
-[ -f $OUT/probe.log ] && grep -vE "Warning|warn" $OUT/probe.log | tail -4
+[ -f $OUT/probe.log ] && { echo "--- probe new"; grep -vE "Warning|warn" $OUT/probe.log | tail -4;
+  echo "--- probe old"; grep -vE "Warning|warn" $OUT/probe_old.log | tail -4; }
 echo "--- bench old (before) vs new (after), same session"
 python3 tests/kernel/compare_bench.py $OUT/bench_old.json $OUT/bench_new.json 2>&1 | tail -40

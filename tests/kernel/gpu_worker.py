@@ -193,7 +193,9 @@ def check_errors(trace_dir: str | None) -> None:
     ce = [e for e in events if e["name"] == "count_exchange"]
     ch = layer.last_choice()
     cho = [e for e in events if e["name"] == "choose"]
-    ok = bool(ce) and len(cho) == len(ce) and ch is not None and all(
+    # two count_exchange records per CTA: routing + count push, then layout + choice (the wait between them
+    # is a separate 'wait' record)
+    ok = bool(ce) and len(ce) == 2 * len(cho) and ch is not None and all(
         e["args"].get("c_star") == ch["c_star"] and e["args"].get("k_star") == ch["k_star"] for e in ce + cho)
     dur = sorted(e["dur"] for e in cho)
     log(f"{'PASS' if ok else 'FAIL'} weave timeline args {ce[0]['args'] if ce else None} choice {ch}; "

@@ -89,6 +89,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   if (p.policy == kPolicyWeave)
     for (int i = tid; i < cost_table::kLen; i += Config::kThreads) s.cost_table[i] = __ldg(p.cost_table + i);
   // every CTA: wait for all ranks' counts, load them, build the layout
+  const uint64_t tw0 = tl_now(p);  // the wait is recorded apart from the work (timeline busy shares)
   if (tid == 0) {
     bool ok = true;
     for (int g = 0; g < G && ok; ++g) {
@@ -99,6 +100,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   }
   __syncthreads();
   if (!cta_read_ok(&s.ok)) return false;
+  const uint64_t tw1 = tl_now(p);
   const int32_t* gc = sym<const int32_t>(p, p.rank, p.off_gcounts) + par * G * E;
   for (int i = tid; i < G * E; i += Config::kThreads) s.cnt[i] = __ldcg(gc + i);
   __syncthreads();
@@ -129,7 +131,10 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   }
   __syncthreads();
   const uint16_t role = static_cast<int>(blockIdx.x) < max(num_comm, 1) ? kRoleComm : kRoleCompute;
-  tl_record(p, s, t0, role, kTaskCountExchange, choice_c, choice_k);  // spans routing .. end of the choice
+  // routing + count push, the wait for the peers' counts (if it cost > 1 us), then layout .. end of choice
+  tl_record_span(p, s, t0, tw0, role, kTaskCountExchange, choice_c, choice_k);
+  if (tw1 - tw0 > 1000) tl_record_span(p, s, tw0, tw1, role, kTaskWait, -1, -1);
+  tl_record(p, s, tw1, role, kTaskCountExchange, choice_c, choice_k);
   if (p.policy == kPolicyWeave) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);
   return true;
 }

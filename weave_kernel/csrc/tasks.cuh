@@ -17,14 +17,14 @@ __device__ __forceinline__ T* sym(const Params& p, int rank, int64_t offset) {
 }
 
 // ---- timeline -----------------------------------------------------------------------------------------
-__device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
-                                          uint16_t kind, int a0, int a1) {
+__device__ __forceinline__ void tl_record_span(const Params& p, SharedLayout& s, uint64_t t0, uint64_t t1,
+                                               uint16_t role, uint16_t kind, int a0, int a1) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
   const int n = s.tl_count;
   if (n >= p.timeline_per_cta) return;
   TimelineRecord r;
   r.start_ns = t0;
-  r.end_ns = globaltimer_ns();
+  r.end_ns = t1;
   r.sm = smid();
   r.role = role;
   r.kind = kind;
@@ -32,6 +32,10 @@ __device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint
   r.arg1 = a1;
   p.timeline[static_cast<int64_t>(blockIdx.x) * p.timeline_per_cta + n] = r;
   s.tl_count = n + 1;
+}
+__device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
+                                          uint16_t kind, int a0, int a1) {
+  if (p.timeline != nullptr && threadIdx.x == 0) tl_record_span(p, s, t0, globaltimer_ns(), role, kind, a0, a1);
 }
 // Record a wait only when it cost something (keeps traces small).
 __device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role, int a0,

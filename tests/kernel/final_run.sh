@@ -1,0 +1,25 @@
+#!/bin/bash
+# One device call for a results run: build, GPU tests (2 ranks, 1 rank), compute-sanitizer, then the
+# benchmark twice on the same kernel: run A (sequential + a static:C grid: what `weave-sim calibrate --fit`
+# fits) and run B (weave with the kernel's default cost profile, a weave:C sweep, static:8/20 and
+# sequential: held out for `weave-sim validate`), decode (128 tokens), and per-SM traces of `weave` on three
+# models. Everything lands in $OUT/results.tgz (the device tool returns at most 8 files). Needs $OUT.
+# Knobs: FINAL_STAGES (default build,test2,test1,sanitize), FINAL_REPEATS (5), FINAL_TAG (file suffix).
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+export TORCH_EXTENSIONS_DIR=/tmp/weave_ext
+R=/tmp/results; mkdir -p $R; REAL_OUT=$OUT
+TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
+M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
+OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
+bench() { local name=$1; shift; timeout 280 torchrun --nproc_per_node=2 -m weave_kernel.bench --repeats $REP "$@" \
+  --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
+bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
+bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
+bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
+for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
+  bench trace_run_$m --models $m --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 \
+    --trace $R/trace_weave_${m}_4096.json --trace-policy weave > /dev/null
+done
+grep -h "geomean\|fraction of the lower bound" $R/bench_*_$TAG.log | cut -c1-250
+(cd $R && tar czf $REAL_OUT/results_$TAG.tgz .)
