@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import time
 
 import numpy as np
@@ -32,6 +31,7 @@ from .choice import choice_agrees, counts_from_routing, geometry_model, model_ch
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import skewed_routing
+from .symm import cuda_time_ms
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
@@ -65,21 +65,12 @@ def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
     """Median milliseconds of one fn() on this rank; ranks are synchronised before every repetition, and a
     repetition times `calls` back-to-back calls (as a model runs its layers), so that the host's launch skew
     between ranks, which the first call of a repetition absorbs, is amortised."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
+    def sync_ranks():
         torch.cuda.synchronize()
         dist.barrier()
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
+
+    return cuda_time_ms(fn, warmup, repeats, calls, before=sync_ranks)
 
 
 def warm_gpu(seconds: float, dev) -> None:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .build import load_extension
+from .symm import SymmetricBuffer, cuda_time_ms
 from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TIMEOUT_NS, Plan, assemble, driver_version,
                         experts_for, span_ns, today_utc, useful_tflops)
 
@@ -96,32 +97,16 @@ class Bench:
         """Median of `repeats` CUDA-event timings of fn() after one warm-up call."""
         fn()
         self.check(what)
-        ts = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
+        t = cuda_time_ms(fn, 0, repeats)
         self.check(what)
-        return statistics.median(ts)
+        return t
 
     def alloc_symmetric(self, nbytes: int) -> None:
         """As MoEMegakernel: symmetric memory with peer base addresses (plain memory for one rank), zeroed."""
-        if self.world == 1:
-            self.symm = torch.zeros(nbytes, dtype=torch.uint8, device=self.dev)
-            ptrs = [self.symm.data_ptr()]
-        else:
-            import torch.distributed._symmetric_memory as symm_mem
-
-            self.symm = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.dev)
-            self.symm.zero_()
-            torch.cuda.synchronize(self.dev)
-            self.symm_handle = symm_mem.rendezvous(self.symm, dist.group.WORLD.group_name)
-            ptrs = [int(p) for p in self.symm_handle.buffer_ptrs]
-        self.peer_ptrs = ptrs
-        self.peer_base = torch.tensor(ptrs, dtype=torch.int64, device=self.dev)
+        self.symm_buf = SymmetricBuffer(nbytes, self.dev, self.world, self.rank)
+        self.symm = self.symm_buf.tensor
+        self.peer_ptrs = self.symm_buf.peer_ptrs
+        self.peer_base = self.symm_buf.peer_base(self.dev)
         self.barrier()
 
     # ---- measurements -----------------------------------------------------------------------------------

@@ -5,9 +5,7 @@ expert GEMMs, so 6*N*H*I / latency is the mma.sync tile throughput (dispatch is 
 """
 from __future__ import annotations
 
-import statistics
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -15,6 +13,7 @@ from weave_sim.placement import contiguous
 
 from .megakernel import MoEMegakernel
 from .reference import grouped_ffn
+from .symm import cuda_time_ms
 
 
 def main() -> int:
@@ -33,17 +32,7 @@ def main() -> int:
         flops = 6.0 * n * h * i
 
         def timeit(fn):
-            for _ in range(3):
-                fn()
-            ts = []
-            for _ in range(10):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            return statistics.median(ts)
+            return cuda_time_ms(fn, 3, 10)
 
         t_k = timeit(lambda: layer(x, ids, w, w13, w2, policy="static:8", check=False))
         layer.raise_if_error()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .policies import parse_policy
+from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .validate import check_geometry, check_layer_inputs
 
@@ -167,22 +168,9 @@ class MoEMegakernel:
             dist.barrier(group=group)
 
     def _alloc_symmetric(self, nbytes: int) -> None:
-        if self.world == 1:
-            self.symm = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
-            ptrs = [self.symm.data_ptr()]
-        else:
-            import torch.distributed as dist
-            import torch.distributed._symmetric_memory as symm_mem
-
-            self.symm = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-            self.symm.zero_()  # flags start below every epoch
-            torch.cuda.synchronize(self.device)
-            group_name = (self.group or dist.group.WORLD).group_name
-            self.symm_handle = symm_mem.rendezvous(self.symm, group_name)
-            ptrs = [int(p) for p in self.symm_handle.buffer_ptrs]
-            if ptrs[self.rank] != self.symm.data_ptr():
-                raise RuntimeError("symmetric memory: own buffer pointer does not match the handle")
-        self.peer_base = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+        self._symm_buf = SymmetricBuffer(nbytes, self.device, self.world, self.rank, self.group)
+        self.symm = self._symm_buf.tensor
+        self.peer_base = self._symm_buf.peer_base(self.device)
 
     # ---------------------------------------------------------------------------------------------------
     def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,

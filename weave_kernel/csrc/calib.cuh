@@ -55,21 +55,9 @@ __device__ __forceinline__ void gemm_tile(const CalibGemmArgs& a, uint8_t* smem,
   const int K = a.k, N = a.n;
   const int row0 = rb * Config::kBlockM, num_rows = min(Config::kBlockM, a.rows_per_expert - row0);
   const int64_t grow0 = static_cast<int64_t>(e) * a.rows_per_expert + row0;
-  TileOperands op;
-  op.valid = 0;
-  op.a_base = reinterpret_cast<const bf16*>(a.a) + grow0 * K;
-  op.b_base = reinterpret_cast<const bf16*>(a.b) + static_cast<int64_t>(e) * N * K;
-#pragma unroll
-  for (int i = 0; i < TileOperands::kAChunks; ++i) {
-    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.set_a(i, m < num_rows, m * K);
-  }
-  const int n0 = col * Config::kBlockN + (threadIdx.x >> 3);  // B chunk i: output column n0 + 32 i
-  op.b_off0 = n0 * K;
-  op.b_step = 32 * K;
-  op.b_hi = 128 * K;
-#pragma unroll
-  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < N);
+  const TileOperands op = plain_tile_operands(reinterpret_cast<const bf16*>(a.a) + grow0 * K,
+                                             reinterpret_cast<const bf16*>(a.b) + static_cast<int64_t>(e) * N * K,
+                                             num_rows, K, N, col);
   TileAcc acc;
   tile_mainloop(op, K, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);

@@ -53,6 +53,28 @@ struct TileOperands {
   __device__ __forceinline__ int32_t b_off(int i) const { return b_off0 + (i & 3) * b_step + (i >> 2) * b_hi; }
 };
 
+// Operands of a tile whose A rows are contiguous: out[m, n] = sum_k a_rows[m * K + k] * b[n * K + k] for the
+// first num_rows rows and the kBlockN columns [col * kBlockN, ...) below N (GEMM1 over h, the calibration tiles).
+__device__ __forceinline__ TileOperands plain_tile_operands(const bf16* a_rows, const bf16* b, int num_rows, int K,
+                                                            int N, int col) {
+  TileOperands op;
+  op.valid = 0;
+  op.a_base = a_rows;
+  op.b_base = b;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int m = (threadIdx.x + i * C::kThreads) >> 3;
+    op.set_a(i, m < num_rows, static_cast<int64_t>(m) * K);
+  }
+  const int n0 = col * C::kBlockN + (threadIdx.x >> 3);  // B chunk i: output column n0 + 32 i
+  op.b_off0 = n0 * K;
+  op.b_step = 32 * K;
+  op.b_hi = 128 * K;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < N);
+  return op;
+}
+
 __device__ __forceinline__ void load_stage(const TileOperands& op, uint8_t* smem, int stage, int k0) {
   uint8_t* sa = smem + stage * C::kSmemStage;
   uint8_t* sb = sa + C::kSmemA;

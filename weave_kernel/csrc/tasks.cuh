@@ -202,21 +202,9 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
 
   load_block_pairs(p, s, lv, b);  // read after the mainloop's closing __syncthreads
 
-  TileOperands op;
-  op.valid = 0;
-  op.a_base = reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I;
-  op.b_base = reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I;
-#pragma unroll
-  for (int i = 0; i < TileOperands::kAChunks; ++i) {
-    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    op.set_a(i, m < b.num_rows, m * I);
-  }
-  const int n0 = col_block * Config::kBlockN + (threadIdx.x >> 3);  // B chunk i: output column n0 + 32 i
-  op.b_off0 = n0 * I;
-  op.b_step = 32 * I;
-  op.b_hi = 128 * I;
-#pragma unroll
-  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, n0 + 32 * i < H);
+  const TileOperands op = plain_tile_operands(
+      reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I,
+      reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I, b.num_rows, I, H, col_block);
   TileAcc acc;
   tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
   bf16* st = reinterpret_cast<bf16*>(smem);

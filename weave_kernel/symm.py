@@ -1,0 +1,57 @@
+"""Device buffers the ranks address directly: one symmetric-memory allocation per user, and CUDA-event timing.
+
+Shared by the megakernel (`MoEMegakernel`), the calibration microbenchmarks (`calib_runs.py`), the benchmark
+and the GEMM probe, so that they allocate and time the same way.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+class SymmetricBuffer:
+    """`nbytes` of zeroed device memory that every rank of `group` can address: PyTorch symmetric memory
+    (`empty` + `rendezvous`) for several ranks, a plain allocation for one. `tensor` is this rank's bytes,
+    `peer_ptrs[g]` rank g's base address; keep the object alive as long as a kernel may use them."""
+
+    def __init__(self, nbytes: int, device, world: int, rank: int, group=None):
+        if world == 1:
+            self.tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+            self.handle = None
+            self.peer_ptrs = [self.tensor.data_ptr()]
+            return
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.tensor = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+        self.tensor.zero_()  # flags start below every epoch
+        torch.cuda.synchronize(device)
+        self.handle = symm_mem.rendezvous(self.tensor, (group or dist.group.WORLD).group_name)
+        self.peer_ptrs = [int(p) for p in self.handle.buffer_ptrs]
+        if self.peer_ptrs[rank] != self.tensor.data_ptr():
+            raise RuntimeError("symmetric memory: own buffer pointer does not match the handle")
+
+    def peer_base(self, device) -> torch.Tensor:
+        """int64 [world] device tensor of the peers' base addresses (the kernels' `peer_base`)."""
+        return torch.tensor(self.peer_ptrs, dtype=torch.int64, device=device)
+
+
+def cuda_time_ms(fn, warmup: int, repeats: int, calls: int = 1, before=None) -> float:
+    """Median over `repeats` of the CUDA-event time of `calls` back-to-back fn() calls, divided by `calls`,
+    after `warmup` untimed calls; `before()` (e.g. a device sync and a barrier of the ranks) runs before each
+    repetition."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return statistics.median(times)
