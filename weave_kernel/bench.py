@@ -31,7 +31,7 @@ from .choice import choice_agrees, counts_from_routing, geometry_model, model_ch
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import skewed_routing
-from .symm import cuda_time_ms
+from .symm import cuda_time_ms, init_ranks
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
@@ -286,10 +286,7 @@ def main(argv=None) -> int:
         raise SystemExit("--repeats and --calls-per-rep must be >= 1, --warmup >= 0")
     args.comm = [int(c) for c in args.comm.split(",") if c]
     args.weave_comm = args.comm if args.weave_comm is None else [int(c) for c in args.weave_comm.split(",") if c]
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dev = torch.device("cuda", torch.cuda.current_device())
+    rank, world, dev = init_ranks()
     rows = []
     gpu = torch.cuda.get_device_name(dev)
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .build import load_extension
-from .symm import SymmetricBuffer, cuda_time_ms
+from .symm import SymmetricBuffer, cuda_time_ms, init_ranks
 from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TIMEOUT_NS, Plan, assemble, driver_version,
                         experts_for, span_ns, today_utc, useful_tflops)
 
@@ -45,9 +45,10 @@ class Bench:
             raise SystemExit("weave_kernel.calibrate needs a CUDA GPU")
         distributed = "WORLD_SIZE" in os.environ
         rank = int(os.environ.get("RANK", 0))
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         if distributed:
-            dist.init_process_group("nccl")
+            init_ranks()
+        else:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         world = dist.get_world_size() if distributed else 1
         if world > 8:
             raise SystemExit("weave_kernel.calibrate: at most 8 ranks (one node)")

@@ -13,14 +13,12 @@ from weave_sim.placement import contiguous
 
 from .megakernel import MoEMegakernel
 from .reference import grouped_ffn
-from .symm import cuda_time_ms
+from .symm import cuda_time_ms, init_ranks
 
 
 def main() -> int:
-    dist.init_process_group("nccl")
-    assert dist.get_world_size() == 1, "run with --nproc_per_node=1"
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
+    _, world, dev = init_ranks()
+    assert world == 1, "run with --nproc_per_node=1"
     print(f"{'N':>6}{'H':>6}{'I':>7}{'kernel ms':>11}{'TF/s':>7}{'grouped_mm ms':>15}{'TF/s':>7}")
     for n, h, i in ((8192, 4096, 14336), (8192, 7168, 2048), (16384, 2048, 1408)):
         layer = MoEMegakernel(hidden=h, inter=i, num_experts=1, top_k=1, placement=contiguous(1, 1), max_tokens=n)

@@ -55,3 +55,16 @@ def cuda_time_ms(fn, warmup: int, repeats: int, calls: int = 1, before=None) -> 
         b.synchronize()
         times.append(a.elapsed_time(b) / calls)
     return statistics.median(times)
+
+
+def init_ranks() -> tuple[int, int, torch.device]:
+    """Under torchrun: bind this process to GPU LOCAL_RANK, then join the NCCL group with that device (NCCL
+    then knows each rank's GPU instead of guessing it from the global rank). Returns (rank, world, device)."""
+    import os
+
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    return dist.get_rank(), dist.get_world_size(), dev

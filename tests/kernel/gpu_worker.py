@@ -19,6 +19,7 @@ import torch.distributed as dist
 from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
+from weave_kernel.symm import init_ranks
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.timeline import write_chrome_trace
 from weave_sim.placement import contiguous, round_robin
@@ -249,8 +250,7 @@ def main() -> int:
     ap.add_argument("--trace-dir", default=None)
     ap.add_argument("--sanitize", action="store_true", help="one tiny case (for compute-sanitizer)")
     args = ap.parse_args()
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    init_ranks()
     world = dist.get_world_size()
     torch.manual_seed(0)
     # every preset geometry (H, I, k as in the model; fewer experts and tokens)
