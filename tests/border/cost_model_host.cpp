@@ -4,22 +4,22 @@
 #include <vector>
 
 #include "cost_model.cuh"
+#include "host_input.h"
 
 int main() {
   using namespace weave::cost_table;
   std::printf("layout %d %d %d %d %d %d %d %d\n", kVersion, kHeaderLen, kMaxSms, kNumRowBuckets,
               kMaxChunkChoices, kOffBw, kOffEff, kLen);
-  std::vector<double> table(kLen);
-  for (double& x : table)
-    if (std::scanf("%lf", &x) != 1) return 1;
+  std::vector<double> table;
+  if (!host_input::read_table(table)) return 1;
   int num_cases = 0;
   if (std::scanf("%d", &num_cases) != 1) return 1;
   for (int i = 0; i < num_cases; ++i) {
-    int g, e, hidden, ffn;
-    if (std::scanf("%d %d %d %d", &g, &e, &hidden, &ffn) != 4) return 1;
-    std::vector<int> owner(e);
+    host_input::CaseHeader h;
+    if (!host_input::read_case_header(h)) return 1;
+    const int g = h.g, e = h.e, hidden = h.hidden, ffn = h.ffn;
+    const std::vector<int>& owner = h.owner;
     std::vector<int64_t> pairs((size_t)g * e), rows((size_t)g * g);
-    for (int& o : owner) std::scanf("%d", &o);
     for (int64_t& p : pairs) std::scanf("%lld", (long long*)&p);
     for (int64_t& r : rows) std::scanf("%lld", (long long*)&r);
     const int num_sms = (int)table[kOffHeader + kNumSms];

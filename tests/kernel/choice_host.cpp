@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "choice.cuh"
+#include "host_input.h"
 
 using namespace weave;
 
@@ -17,17 +18,17 @@ static bool same_volumes(const CostVolumes& a, const CostVolumes& b) { return st
 
 int main() {
   using namespace weave::cost_table;
-  std::vector<double> table(kLen);
-  for (double& x : table)
-    if (std::scanf("%lf", &x) != 1) return 1;
+  std::vector<double> table;
+  if (!host_input::read_table(table)) return 1;
   int num_cases = 0;
   if (std::scanf("%d", &num_cases) != 1) return 1;
   for (int i = 0; i < num_cases; ++i) {
-    int g, e, hidden, ffn;
-    if (std::scanf("%d %d %d %d", &g, &e, &hidden, &ffn) != 4) return 1;
-    std::vector<int> owner(e), cnt((size_t)g * e);
+    host_input::CaseHeader h;
+    if (!host_input::read_case_header(h)) return 1;
+    const int g = h.g, e = h.e, hidden = h.hidden, ffn = h.ffn;
+    const std::vector<int>& owner = h.owner;
+    std::vector<int> cnt((size_t)g * e);
     std::vector<int64_t> pairs((size_t)g * e), rows((size_t)g * g, 0);
-    for (int& o : owner) std::scanf("%d", &o);
     for (size_t j = 0; j < pairs.size(); ++j) {
       std::scanf("%d", &cnt[j]);
       pairs[j] = cnt[j];

@@ -130,8 +130,8 @@ def choice_host(tmp_path_factory):
     if CXX is None:
         pytest.skip("no C++ compiler")
     out = tmp_path_factory.mktemp("choice") / "choice_host"
-    subprocess.run([CXX, "-std=c++17", "-O2", "-I", str(CSRC), str(ROOT / "tests" / "kernel" / "choice_host.cpp"),
-                    "-o", str(out)], check=True)
+    subprocess.run([CXX, "-std=c++17", "-O2", "-I", str(CSRC), "-I", str(ROOT / "tests" / "border"),
+                    str(ROOT / "tests" / "kernel" / "choice_host.cpp"), "-o", str(out)], check=True)
     return out
 
 
