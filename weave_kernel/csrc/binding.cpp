@@ -119,25 +119,15 @@ py::dict timeline_layout() {
 
 
 // ---- calibration microbenchmarks (calib.cuh; weave_kernel/calibrate.py checks the tensors) ----------------
-// arg / addr read the calibration dicts (own names: tests/kernel/test_weave_policy.py checks that the keys read
-// through get / ptr are exactly the megakernel launch dict's).
-template <typename T>
-T arg(const py::dict& d, const char* key) {
-  return get<T>(d, key);
-}
-template <typename T>
-T* addr(const py::dict& d, const char* key) {
-  return ptr<T>(d, key);
-}
 
 // The fields of Params the calibration kernels' spins, grid barrier and sym() read; the rest stay null.
 weave::Params calib_sync(const py::dict& d, int num_ctas) {
   weave::Params p{};
-  p.err = addr<int32_t>(d, "err");
-  p.timeout_ns = arg<uint64_t>(d, "timeout_ns");
+  p.err = ptr<int32_t>(d, "err");
+  p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   p.num_ctas = num_ctas;
-  if (d.contains("grid_bar")) p.grid_bar = addr<uint32_t>(d, "grid_bar");
-  if (d.contains("peer_base")) p.peer_base = addr<const uint64_t>(d, "peer_base");
+  if (d.contains("grid_bar")) p.grid_bar = ptr<uint32_t>(d, "grid_bar");
+  if (d.contains("peer_base")) p.peer_base = ptr<const uint64_t>(d, "peer_base");
   if (p.err == nullptr || p.timeout_ns == 0) throw std::invalid_argument("weave calib: needs err and timeout_ns > 0");
   return p;
 }
@@ -148,19 +138,19 @@ void calib_check(int err, const char* what) {
 
 void calib_push(const py::dict& d, int num_ctas, uint64_t stream) {
   weave::CalibPushArgs a{};
-  a.src = addr<const void>(d, "src");
-  a.off_start_flag = arg<int64_t>(d, "off_start_flag");
-  a.off_blk_flag = arg<int64_t>(d, "off_blk_flag");
-  a.off_dst = arg<int64_t>(d, "off_dst");
-  a.slot_bytes = arg<int64_t>(d, "slot_bytes");
-  a.times = addr<uint64_t>(d, "times");
-  a.rank = arg<int32_t>(d, "rank");
-  a.world = arg<int32_t>(d, "world");
-  a.num_peers = arg<int32_t>(d, "num_peers");
-  a.num_blocks = arg<int32_t>(d, "num_blocks");
-  a.block_rows = arg<int32_t>(d, "block_rows");
-  a.row_chunks = arg<int32_t>(d, "row_chunks");
-  a.epoch = arg<uint64_t>(d, "epoch");
+  a.src = ptr<const void>(d, "src");
+  a.off_start_flag = get<int64_t>(d, "off_start_flag");
+  a.off_blk_flag = get<int64_t>(d, "off_blk_flag");
+  a.off_dst = get<int64_t>(d, "off_dst");
+  a.slot_bytes = get<int64_t>(d, "slot_bytes");
+  a.times = ptr<uint64_t>(d, "times");
+  a.rank = get<int32_t>(d, "rank");
+  a.world = get<int32_t>(d, "world");
+  a.num_peers = get<int32_t>(d, "num_peers");
+  a.num_blocks = get<int32_t>(d, "num_blocks");
+  a.block_rows = get<int32_t>(d, "block_rows");
+  a.row_chunks = get<int32_t>(d, "row_chunks");
+  a.epoch = get<uint64_t>(d, "epoch");
   a.sync = calib_sync(d, num_ctas);
   if (a.sync.peer_base == nullptr) throw std::invalid_argument("weave calib push: needs peer_base");
   if (a.world < 2 || a.world > 8 || a.rank < 0 || a.rank >= a.world || a.num_peers < 1 || a.num_peers >= a.world)
@@ -176,15 +166,15 @@ void calib_push(const py::dict& d, int num_ctas, uint64_t stream) {
 
 void calib_gemm(const py::dict& d, int num_ctas, uint64_t stream) {
   weave::CalibGemmArgs a{};
-  a.a = addr<const void>(d, "a");
-  a.b = addr<const void>(d, "b");
-  a.c = addr<void>(d, "c");
-  a.tickets = addr<uint32_t>(d, "tickets");
-  a.num_experts = arg<int32_t>(d, "num_experts");
-  a.rows_per_expert = arg<int32_t>(d, "rows_per_expert");
-  a.n = arg<int32_t>(d, "n");
-  a.k = arg<int32_t>(d, "k");
-  a.num_chunks = arg<int32_t>(d, "num_chunks");
+  a.a = ptr<const void>(d, "a");
+  a.b = ptr<const void>(d, "b");
+  a.c = ptr<void>(d, "c");
+  a.tickets = ptr<uint32_t>(d, "tickets");
+  a.num_experts = get<int32_t>(d, "num_experts");
+  a.rows_per_expert = get<int32_t>(d, "rows_per_expert");
+  a.n = get<int32_t>(d, "n");
+  a.k = get<int32_t>(d, "k");
+  a.num_chunks = get<int32_t>(d, "num_chunks");
   a.sync = calib_sync(d, num_ctas);
   if (a.k % 64 || a.n % 64 || a.k < 64 || a.n < 64)
     throw std::invalid_argument("weave calib gemm: n and k must be positive multiples of 64");
@@ -199,10 +189,10 @@ void calib_gemm(const py::dict& d, int num_ctas, uint64_t stream) {
 
 void calib_claim(const py::dict& d, int num_ctas, uint64_t stream) {
   weave::CalibClaimArgs a{};
-  a.counter = addr<uint32_t>(d, "counter");
-  a.times = addr<uint64_t>(d, "times");
-  a.claims = addr<int32_t>(d, "claims");
-  a.total_tickets = arg<int32_t>(d, "total_tickets");
+  a.counter = ptr<uint32_t>(d, "counter");
+  a.times = ptr<uint64_t>(d, "times");
+  a.claims = ptr<int32_t>(d, "claims");
+  a.total_tickets = get<int32_t>(d, "total_tickets");
   a.sync = calib_sync(d, num_ctas);
   if (a.total_tickets < 0 || num_ctas < 1) throw std::invalid_argument("weave calib claim: bad sizes");
   calib_check(weave_calib_claim(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib claim");
@@ -210,18 +200,18 @@ void calib_claim(const py::dict& d, int num_ctas, uint64_t stream) {
 
 void calib_signal(const py::dict& d, int num_ctas, uint64_t stream) {
   weave::CalibSignalArgs a{};
-  const py::list wait = arg<py::list>(d, "wait"), post = arg<py::list>(d, "post");
+  const py::list wait = get<py::list>(d, "wait"), post = get<py::list>(d, "post");
   if (num_ctas < 1 || num_ctas > 2 || static_cast<int>(wait.size()) != num_ctas || static_cast<int>(post.size()) != num_ctas)
     throw std::invalid_argument("weave calib signal: 1 or 2 CTAs, one wait and one post flag each");
   for (int i = 0; i < num_ctas; ++i) {
     a.wait[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(wait[i].cast<uint64_t>()));
     a.post[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(post[i].cast<uint64_t>()));
   }
-  a.times = addr<uint64_t>(d, "times");
-  a.base = arg<uint64_t>(d, "base");
-  a.role0 = arg<int32_t>(d, "role0");
-  a.rounds = arg<int32_t>(d, "rounds");
-  a.warmup = arg<int32_t>(d, "warmup");
+  a.times = ptr<uint64_t>(d, "times");
+  a.base = get<uint64_t>(d, "base");
+  a.role0 = get<int32_t>(d, "role0");
+  a.rounds = get<int32_t>(d, "rounds");
+  a.warmup = get<int32_t>(d, "warmup");
   a.sync = calib_sync(d, num_ctas);
   if (a.role0 < 0 || a.role0 + num_ctas > 2 || a.rounds < 1 || a.warmup < 0 || a.warmup >= a.rounds)
     throw std::invalid_argument("weave calib signal: roles in {0, 1}, 0 <= warmup < rounds");
