@@ -39,6 +39,7 @@ ERROR_TEXT = {
     5: "timeout waiting for the rows of row block {0} from rank {1}",
     6: "timeout waiting for GEMM0 of row block {0} (column block {1})",
     7: "timeout waiting for the combine rows of rank {0}",
+    8: "timeout waiting for a TMA weight-tile load (pipeline stage {0}, k step {1})",
 }
 
 

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "calib.cuh"
+#include "tma_host.h"
 
 namespace {
 
@@ -28,9 +29,12 @@ extern "C" int weave_calib_push(const weave::CalibPushArgs* args, int num_ctas, 
 // Tickets are zeroed on the stream first; K > 1 chunks need all CTAs co-resident (cooperative launch).
 extern "C" int weave_calib_gemm(const weave::CalibGemmArgs* args, int num_ctas, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaMemsetAsync(args->tickets, 0, sizeof(uint32_t) * args->num_chunks, s);
+  weave::CalibGemmArgs a = *args;  // + the TMA descriptor of b [E][n][k]
+  const int rc = weave::encode_weight_map(&a.tmap_b, a.b, a.k, a.n, a.num_experts);
+  if (rc != 0) return rc;
+  cudaError_t err = cudaMemsetAsync(a.tickets, 0, sizeof(uint32_t) * a.num_chunks, s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  return launch_one_per_sm(weave::calib_gemm_kernel, args, num_ctas, args->num_chunks > 1, stream);
+  return launch_one_per_sm(weave::calib_gemm_kernel, &a, num_ctas, a.num_chunks > 1, stream);
 }
 
 extern "C" int weave_calib_claim(const weave::CalibClaimArgs* args, int num_ctas, void* stream) {

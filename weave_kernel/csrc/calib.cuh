@@ -55,11 +55,10 @@ __device__ __forceinline__ void gemm_tile(const CalibGemmArgs& a, uint8_t* smem,
   const int K = a.k, N = a.n;
   const int row0 = rb * Config::kBlockM, num_rows = min(Config::kBlockM, a.rows_per_expert - row0);
   const int64_t grow0 = static_cast<int64_t>(e) * a.rows_per_expert + row0;
-  const TileOperands op = plain_tile_operands(reinterpret_cast<const bf16*>(a.a) + grow0 * K,
-                                             reinterpret_cast<const bf16*>(a.b) + static_cast<int64_t>(e) * N * K,
-                                             num_rows, K, N, col);
+  const TileOperands op =
+      plain_tile_operands(reinterpret_cast<const bf16*>(a.a) + grow0 * K, &a.tmap_b, e, num_rows, K, col);
   TileAcc acc;
-  tile_mainloop(op, K, smem, acc);
+  tile_mainloop(a.sync, op, K, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_plain(acc, st);
   __syncthreads();
@@ -106,6 +105,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) calib_gemm_kernel(const _
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = calib::aligned_smem(smem_raw);
   __shared__ int s_ticket, s_ok;
+  init_pipe_barriers(smem);
+  __syncthreads();
   const int nb = ceil_div(a.n, Config::kBlockN), rb_all = ceil_div(a.rows_per_expert, Config::kBlockM);
   for (int ch = 0; ch < a.num_chunks; ++ch) {
     // chunk ch: row blocks [rb0, rb1) of every expert, expert-major, column block outer, row block inner

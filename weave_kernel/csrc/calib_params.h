@@ -39,6 +39,7 @@ struct CalibGemmArgs {
   uint32_t* tickets;           // [num_chunks], zeroed by the launcher
   int32_t num_experts, rows_per_expert, n, k, num_chunks;
   Params sync;                 // grid_bar (chunk barrier), err, num_ctas, timeout_ns
+  TensorMapBytes tmap_b;       // b as [num_experts][n][k], encoded by the launcher
 };
 
 // Ticket claims: every CTA claims tickets (the kernel's claim: __syncthreads, atomicAdd by thread 0,

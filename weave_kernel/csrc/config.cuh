@@ -27,7 +27,10 @@ struct Config {
   static constexpr int kSmemB = kBlockN * kBlockK * 2;
   static constexpr int kSmemStage = kSmemA + kSmemB;
   static constexpr int kSmemPipe = kStages * kSmemStage;       // pipeline stages (1024-byte aligned)
-  static constexpr int kSmemDynamic = kSmemPipe + 1024;        // + slack to align the base to 1024 bytes
+  static constexpr int kSmemBarOffset = kSmemPipe;             // the stages' TMA mbarriers (tma.cuh)
+  static constexpr int kSmemBarBytes = 64;
+  static constexpr int kSmemDynamic = kSmemPipe + kSmemBarBytes + 1024;  // + slack to align the base to 1024
+  static constexpr int kBoxRows = 128;                         // weight rows per TMA box (two boxes per B stage)
   static constexpr int kEpiStride = kBlockN + 8;               // bf16 per staged output row (padded)
   static constexpr int kCopyUnroll = 8;                        // 16-byte loads in flight per thread
 
@@ -35,6 +38,7 @@ struct Config {
   static_assert(kBlockK * 2 == 128, "swizzle assumes 128-byte smem rows (8 chunks of 16 bytes)");
   static_assert(kFragsN == 8, "GEMM0 epilogue pairs n-frags {0..3} (gate) with {4..7} (up)");
   static_assert(kFragsM == 4, "warp tile is 64 rows");
+  static_assert(kBlockN == 2 * kBoxRows && kBoxRows * kBlockK * 2 % 1024 == 0, "B stage = two SW128 boxes");
   static_assert(kBlockM <= kThreads, "one thread per row loads the pair ids of a block");
   static_assert((kBlockM * kBlockK / 8) % kThreads == 0, "A stage must split evenly into 16-byte chunks");
   static_assert((kBlockN * kBlockK / 8) % kThreads == 0, "B stage must split evenly into 16-byte chunks");

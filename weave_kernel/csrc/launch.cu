@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "megakernel.cuh"
+#include "tma_host.h"
 
 namespace {
 constexpr int kStaticSmem = sizeof(weave::SharedLayout);
@@ -11,7 +12,13 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream) {
   const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
   if (err != cudaSuccess) return static_cast<int>(err);
-  void* args[] = {const_cast<weave::Params*>(params)};
+  // the weights' TMA descriptors: w13 [El][2I][H] as [2 El][I][H] (z = 2 le + half), w2 [El][H][I]
+  weave::Params p = *params;
+  const uint64_t H = p.hidden, I = p.inter, El = p.num_local_experts;
+  int rc = weave::encode_weight_map(&p.tmap_w13, p.w13, H, I, 2 * El);
+  if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
+  if (rc != 0) return rc;
+  void* args[] = {&p};
   err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
                                     weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
   return static_cast<int>(err);

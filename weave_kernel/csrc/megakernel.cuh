@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ SharedLayout s;
   if (threadIdx.x == 0) s.tl_count = 0;
+  init_pipe_barriers(smem);
   __syncthreads();
   bool ok = routing_phase(p, s);
   if (ok) {

@@ -35,6 +35,13 @@ enum ErrorCode : int32_t {
   kErrTimeoutRows = 5,        // err[2] = row block, err[3] = source rank
   kErrTimeoutGemm0 = 6,       // err[2] = row block
   kErrTimeoutCombine = 7,     // err[2] = owner rank whose combine flag never arrived
+  kErrTimeoutTma = 8,         // err[2] = pipeline stage, err[3] = k step (a weight tile load never landed)
+};
+
+// A CUDA tensor map (CUtensorMap: 128 bytes, 128-byte aligned), opaque here; the launchers encode it
+// (tma_host.h) and the device code hands its address to cp.async.bulk.tensor (tma.cuh).
+struct alignas(128) TensorMapBytes {
+  uint8_t bytes[128];
 };
 
 // ---- per-SM timeline ----------------------------------------------------------------------------------
@@ -109,6 +116,9 @@ struct Params {
   int32_t pad0;
   uint64_t epoch;                // >= 1, +1 every call
   uint64_t timeout_ns;
+  // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
+  TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)
+  TensorMapBytes tmap_w2;        // w2 as [num_local_experts][hidden][inter]
 };
 
 }  // namespace weave

@@ -144,7 +144,6 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
   op.valid = 0;
   op.a_base = reinterpret_cast<const bf16*>(p.x);
   const bf16* recv = sym<const bf16>(p, p.rank, p.off_recv_x);
-  op.b_base = reinterpret_cast<const bf16*>(p.w13) + static_cast<int64_t>(b.le) * 2 * I * H;
 #pragma unroll
   for (int i = 0; i < TileOperands::kAChunks; ++i) {
     const int m = (threadIdx.x + i * Config::kThreads) >> 3;
@@ -154,16 +153,15 @@ __device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uin
                  own ? op.a_base + static_cast<int64_t>(s.pair[m] / p.top_k) * H
                      : recv + static_cast<int64_t>(b.row0 + m) * H);
   }
-  // B chunk i: tile row n = tid / 8 + 32 i; rows [0, 128) gate h columns, [128, 256) up (wgmma.cuh)
-  static_assert(Config::kHalfN == 4 * 32, "GEMM0 B rows: chunks 0-3 gate, 4-7 up");
-  const int h0 = col_block * Config::kHalfN + (threadIdx.x >> 3);
-  op.b_off0 = h0 * H;
-  op.b_step = 32 * H;
-  op.b_hi = I * H;
-#pragma unroll
-  for (int i = 0; i < TileOperands::kBChunks; ++i) op.set_b_valid(i, h0 + 32 * (i & 3) < I);  // I % 128 != 0
+  // B: box 0 = the gate rows of h columns [col_block * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh);
+  // rows past I (I % 128 != 0) arrive as zeros and their h columns are not stored
+  static_assert(Config::kHalfN == Config::kBoxRows, "GEMM0 B: one box of gate rows, one of up rows");
+  op.b_map = &p.tmap_w13;
+  op.b_y[0] = op.b_y[1] = col_block * Config::kHalfN;
+  op.b_z[0] = 2 * b.le;
+  op.b_z[1] = 2 * b.le + 1;
   TileAcc acc;
-  tile_mainloop(op, H, smem, acc);
+  tile_mainloop(p, op, H, smem, acc);
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_swiglu(acc, st);
   __syncthreads();
@@ -202,11 +200,10 @@ __device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uin
 
   load_block_pairs(p, s, lv, b);  // read after the mainloop's closing __syncthreads
 
-  const TileOperands op = plain_tile_operands(
-      reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I,
-      reinterpret_cast<const bf16*>(p.w2) + static_cast<int64_t>(b.le) * H * I, b.num_rows, I, H, col_block);
+  const TileOperands op = plain_tile_operands(reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I,
+                                             &p.tmap_w2, b.le, b.num_rows, I, col_block);
   TileAcc acc;
-  tile_mainloop(op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
+  tile_mainloop(p, op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
   bf16* st = reinterpret_cast<bf16*>(smem);
   stage_plain(acc, st);
   __syncthreads();

@@ -1,7 +1,7 @@
 // Hopper tile mainloop: wgmma.mma_async m64n256k16 (sm_90a), bf16 in, fp32 accumulators in registers.
-// Two warpgroups per CTA, each owning 64 rows of the 128 x 256 tile; A and B come from the same
-// 128-byte-swizzled smem stages that the cp.async loader fills (the SW128 K-major canonical layout, so the
-// tile bases must be 1024-byte aligned). Framework-free.
+// Two warpgroups per CTA, each owning 64 rows of the 128 x 256 tile; A (cp.async) and B (TMA) land in
+// 128-byte-swizzled smem stages (the SW128 K-major canonical layout, so the tile bases must be 1024-byte
+// aligned). Framework-free.
 #pragma once
 #include <cstdint>
 
@@ -41,10 +41,13 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// acc = A[BM, K] * B[BN, K]^T; rows past the block's rows are zero-filled by the loader, so they compute
-// zeros that no epilogue stores. K % kBlockK == 0; smem 1024-byte aligned.
-// One wgmma group stays in flight while the next stage is waited for and the one after is prefetched; a
-// stage is refilled only after both warpgroups retired the MMAs that read it. Ends with a __syncthreads.
+// acc = A[BM, K] * B[BN, K]^T; A rows past the block's rows are zero-filled by the loader, so they compute
+// zeros that no epilogue stores. K % kBlockK == 0; smem 1024-byte aligned, its barriers initialised
+// (init_pipe_barriers). A stage holds A (cp.async by all threads) and B (two TMA boxes issued by thread 0,
+// completing the stage's full barrier); one wgmma group stays in flight while the next stage is waited for and
+// the one after is prefetched; a stage is refilled only after both warpgroups retired the MMAs that read it.
+// Ends with a __syncthreads. The epilogue may then reuse the stages as generic staging memory: the next tile's
+// first TMA writes are ordered after it by the proxy fence at the top.
 //
 // No wgmma instruction may sit under a branch that depends on the thread (e.g. "this warpgroup's 64 rows are
 // all padding, skip"): ptxas cannot prove such a branch warpgroup-uniform, inserts a warpgroup dependency
@@ -52,27 +55,38 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
 // HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). An earlier
 // version skipped the MMAs of an all-padding warpgroup that way; both warpgroups now always issue them
 // (tests/kernel/test_csrc.py asserts that ptxas reports no C7518).
-__device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uint8_t* smem, TileAcc& acc) {
+__device__ __forceinline__ void tile_mainloop(const Params& p, const TileOperands& op, int K, uint8_t* smem,
+                                              TileAcc& acc) {
   static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && Config::kThreads == 256,
                 "wgmma path: two warpgroups x m64n256");
   static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
   static_assert(Config::kStages == 3, "refill-after-retire order assumes 3 stages");
   const int wg = threadIdx.x / 128;
+  PipeBarriers* bars = pipe_barriers(smem);
+  uint32_t phase = bars->phase;  // written back by thread 0 before the previous tile's closing __syncthreads
 #pragma unroll
   for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
   const int num_k = K / Config::kBlockK;
+  fence_proxy_async_smem();  // this thread's generic smem accesses (last epilogue) before the TMA writes below
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s < Config::kStages - 1; ++s) {
-    if (s < num_k) load_stage(op, smem, s, s * Config::kBlockK);
+    if (s < num_k) {
+      if (threadIdx.x == 0) issue_stage_b(op, smem, s, s * Config::kBlockK);
+      load_stage_a(op, smem, s, s * Config::kBlockK);
+    }
     cp_async_commit();
   }
   const uint32_t smem_base = smem_u32(smem);
   for (int kt = 0; kt < num_k; ++kt) {
-    cp_async_wait<Config::kStages - 2>();  // stage kt landed (this thread's copies)
+    const int st = kt % Config::kStages;
+    cp_async_wait<Config::kStages - 2>();  // stage kt's A landed (this thread's copies)
     fence_proxy_async_smem();              // cp.async wrote through the generic proxy; wgmma reads via async
-    __syncthreads();                       // ... and every thread's copies landed
-    const uint32_t sa = smem_base + (kt % Config::kStages) * Config::kSmemStage + wg * 64 * 128;
-    const uint32_t sb = smem_base + (kt % Config::kStages) * Config::kSmemStage + Config::kSmemA;
+    mbar_wait(p, &bars->full[st], (phase >> st) & 1u, st, kt);  // stage kt's B landed
+    phase ^= 1u << st;
+    __syncthreads();                       // ... and every thread's A copies landed
+    const uint32_t sa = smem_base + st * Config::kSmemStage + wg * 64 * 128;
+    const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
@@ -81,11 +95,15 @@ __device__ __forceinline__ void tile_mainloop(const TileOperands& op, int K, uin
     wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
     __syncthreads();  // both warpgroups are done with stage kt-1: refill it
     const int next = kt + Config::kStages - 1;
-    if (next < num_k) load_stage(op, smem, next % Config::kStages, next * Config::kBlockK);
+    if (next < num_k) {
+      if (threadIdx.x == 0) issue_stage_b(op, smem, next % Config::kStages, next * Config::kBlockK);
+      load_stage_a(op, smem, next % Config::kStages, next * Config::kBlockK);
+    }
     cp_async_commit();
   }
   wgmma_wait<0>();
   cp_async_wait<0>();
+  if (threadIdx.x == 0) bars->phase = phase;
   __syncthreads();
 }
 
