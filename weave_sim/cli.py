@@ -110,12 +110,13 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
     kinds = ["count_exchange", "choose", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait"]
     rows = []
     for path in args.traces:
-        for gpu, st in busy_stats(path, args.sms).items():
+        for gpu, st in busy_stats(path, args.sms, args.start_kind).items():
             share = [st["work_us_by_kind"].get(k, 0.0) / (st["span_us"] * st["num_sms"]) for k in kinds]
             rows.append([path.name, gpu, st["span_us"], f"{100 * st['busy_fraction']:.1f}%",
                          *[f"{100 * x:.1f}%" for x in share]])
     print(format_table(["trace", "GPU", "span us", "busy", *kinds], rows,
-                       "share of SM time (span x SMs) per task kind; busy excludes waits"))
+                       "share of SM time (span x SMs) per task kind; busy excludes waits"
+                       + (f"; window from each GPU's last {args.start_kind}" if args.start_kind else "")))
     return 0
 
 
@@ -154,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("timeline-stats", help="busy SM time by kind from Chrome traces (simulated or measured)")
     p.add_argument("traces", type=Path, nargs="+")
     p.add_argument("--sms", type=int, default=None, help="SMs per GPU (default: highest SM index seen + 1)")
+    p.add_argument("--from", dest="start_kind", default=None, metavar="KIND",
+                   help="start each GPU's window at its SMs' last KIND event (count_exchange: leave out the wait "
+                        "for ranks that entered the layer later)")
     p.set_defaults(func=cmd_timeline_stats)
     p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
     p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")

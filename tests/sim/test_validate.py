@@ -88,6 +88,30 @@ def test_timeline_stats_of_a_simulated_trace(tmp_path, capsys):
     assert "gemm1" in capsys.readouterr().out
 
 
+def test_timeline_stats_window_from_a_kind(tmp_path, capsys):
+    from weave_sim.timeline_stats import busy_stats
+
+    def ev(pid, tid, name, ts, dur):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "compute", "ts": ts, "dur": dur}
+
+    # GPU 0 waits 100 us for its peer's counts, then both SMs work 50 us; GPU 1 has no count_exchange
+    trace = {"traceEvents": [ev(0, 0, "count_exchange", 0, 10), ev(0, 0, "wait", 10, 100),
+                             ev(0, 0, "count_exchange", 110, 10), ev(0, 0, "gemm0", 120, 40),
+                             ev(0, 1, "count_exchange", 0, 10), ev(0, 1, "wait", 10, 105),
+                             ev(0, 1, "count_exchange", 115, 5), ev(0, 1, "gemm0", 120, 40),
+                             ev(1, 0, "gemm0", 0, 30)]}
+    full, win = busy_stats(trace), busy_stats(trace, start_kind="count_exchange")
+    assert full[0]["span_us"] == 160 and win[0]["span_us"] == 50
+    assert win[0]["busy_fraction"] == pytest.approx((10 + 40 + 5 + 40) / (50 * 2))
+    assert win[0]["work_us_by_kind"]["wait"] == pytest.approx(5)  # SM 1's wait past t0 = 110 is clipped, not dropped
+    assert full[0]["busy_fraction"] < win[0]["busy_fraction"]
+    assert win[1] == full[1]  # no such event: the full span
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    assert main(["timeline-stats", str(path), "--from", "count_exchange"]) == 0
+    assert "window from each GPU's last count_exchange" in capsys.readouterr().out
+
+
 def test_timeline_stats_rejects_non_traces(tmp_path):
     from weave_sim.timeline_stats import busy_stats
 
