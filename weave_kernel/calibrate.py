@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 from dataclasses import dataclass, replace
@@ -71,7 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("calib.json"), help="measurements JSON to write (rank 0)")
     ap.add_argument("--quick", action="store_true", help="few points, small sizes (tests; a few seconds)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 5, quick 2)")
-    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD, else 'unknown')")
+    ap.add_argument("--commit", default=None,
+                    help="commit to record (default: $WEAVE_COMMIT, else git rev-parse HEAD, else 'unknown')")
     args = ap.parse_args(argv)
     if args.repeats is not None and not 1 <= args.repeats <= 100:
         ap.error("--repeats must lie in [1, 100]")
@@ -100,6 +102,11 @@ def span_ns(times: list[int], num_ctas: int) -> int:
 
 
 def git_commit() -> str:
+    """$WEAVE_COMMIT if set (a copied working tree, e.g. on a lent GPU machine, may carry stale git metadata:
+    set it from the checkout the copy came from), else `git rev-parse HEAD`, else "unknown"."""
+    env = os.environ.get("WEAVE_COMMIT", "").strip()
+    if env:
+        return env
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                            cwd=Path(__file__).resolve().parent)

@@ -111,6 +111,13 @@ def test_main_writes_the_json_rank0(tmp_path, monkeypatch, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_commit_comes_from_the_environment_first(monkeypatch):
+    monkeypatch.setenv("WEAVE_COMMIT", "abc123")
+    assert cal.git_commit() == "abc123"
+    monkeypatch.delenv("WEAVE_COMMIT")
+    assert cal.git_commit() != "abc123"
+
+
 def test_shipped_calibrated_profile_comes_from_the_committed_measurements():
     """weave_sim/profiles/h200-calibrated.json = weave-sim calibrate docs/results/calib_2xh200.json --base h200."""
     from weave_sim.profile import load_profile
