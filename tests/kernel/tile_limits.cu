@@ -8,6 +8,11 @@
 //   mode 6  a 2-CTA cluster runs two row blocks of the same weight tile: each CTA loads one of the two B boxes
 //           and multicasts it to both (half the L2 reads of B per CTA, the same bytes into each SM), a cross-CTA
 //           "empty" mbarrier per stage; A by cp.async (what the megakernel could do with CTA-pair tickets)
+//   mode 7  warp-specialised: 384 threads, warpgroup 0 = producer (one thread issues A and B by TMA, 4 stages of
+//           48 KB, running ahead across tiles), warpgroups 1-2 = consumers (wgmma, release a stage per warpgroup
+//           through an "empty" mbarrier); no CTA-wide barrier in the loop
+//   mode 8  mode 7 + B multicast over a 2-CTA cluster (each producer loads A and one B box for both CTAs; a
+//           stage is refilled once both CTAs' consumers released it)
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. Modes 0-3 keep a private copy of the old cp.async loader.
 // Every mode writes each tile's accumulator sums per thread; modes 4 and 6 must match mode 0 bit for bit.
 // Standalone, not part of the package:
@@ -298,6 +303,124 @@ __global__ void __launch_bounds__(256, 1)
   cluster_sync_all();  // no CTA leaves while its peer may still arrive on its barriers
 }
 
+
+// ---- modes 7 / 8: warp-specialised producer / consumers ----------------------------------------------------
+constexpr int kWsStages = 4;
+constexpr int kWsThreads = 384;
+constexpr int kWsSmem = kWsStages * C::kSmemStage + 2 * kWsStages * 8 + 1024;
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <bool MC>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    tiles_kernel_ws(float* sink, int E, int rows, int N, int K, unsigned long long* t, const __grid_constant__ Params p,
+                    const __grid_constant__ TensorMapBytes a_map, const __grid_constant__ TensorMapBytes b_map) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsStages * C::kSmemStage);
+  uint64_t* empty = full + kWsStages;
+  const uint32_t rank = MC ? cluster_rank() : 0u;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr_u32(&full[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_u32(&empty[s])), "r"(MC ? 4 : 2)
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if constexpr (MC) cluster_sync_all(); else __syncthreads();
+  const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K / C::kBlockK;
+  // work units: tiles (mode 7) or pairs of row blocks sharing a weight tile (mode 8)
+  const int unit_rows = MC ? 2 : 1;
+  const int units_per_e = (nrb / unit_rows) * ncb, total_units = E * units_per_e;
+  const int unit0 = MC ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x);
+  const int unit_step = MC ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x);
+  auto unit_tile = [&](int u, int* e, int* rb, int* cb) {
+    *e = u / units_per_e;
+    const int off = u % units_per_e, q = off % (nrb / unit_rows);
+    *cb = off / (nrb / unit_rows);
+    *rb = q * unit_rows + static_cast<int>(rank);
+  };
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    if (threadIdx.x == 0) {  // producer
+      int it = 0;
+      for (int u = unit0; u < total_units; u += unit_step) {
+        int e, rb, cb;
+        unit_tile(u, &e, &rb, &cb);
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int s = it % kWsStages;
+          if (it >= kWsStages) {
+            if constexpr (MC) wait_cluster(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s);
+            else mbar_wait(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
+          }
+          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+          const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
+          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+          if constexpr (MC) {
+            tma_load_3d_multicast(sb + rank * C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK,
+                                  cb * C::kBlockN + static_cast<int>(rank) * C::kBoxRows, e, 0x3);
+          } else {
+            tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
+            tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
+          }
+        }
+      }
+    }
+  } else {  // consumers: warpgroup cw owns rows [64 cw, 64 cw + 64)
+    const int cw = wg - 1;
+    const int ct = threadIdx.x - 128;  // 0..255, the accumulator layout of mode 0's thread ct
+    auto release = [&](int s) {
+      named_sync(1 + cw, 128);  // every warp of this warpgroup retired the stage's MMAs
+      if (threadIdx.x % 128 == 0) {
+        if constexpr (MC) {
+          arrive_cluster(&empty[s], 0);
+          arrive_cluster(&empty[s], 1);
+        } else {
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr_u32(&empty[s])) : "memory");
+        }
+      }
+    };
+    int it = 0;
+    for (int u = unit0; u < total_units; u += unit_step) {
+      int e, rb, cb;
+      unit_tile(u, &e, &rb, &cb);
+      TileAcc acc;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int s = it % kWsStages;
+        mbar_wait(p, &full[s], (it / kWsStages) & 1, s, k);
+        const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128, sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockK / 16; ++kk)
+          wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (k > 0) release((it - 1) % kWsStages);
+      }
+      wgmma_wait<0>();
+      release((it - 1) % kWsStages);
+      float keep = 0.f;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) keep += acc.d[i];
+      sink[(static_cast<int64_t>(e) * per_e + cb * nrb + rb) * 256 + ct] = keep;
+    }
+  }
+  if constexpr (MC) cluster_sync_all(); else __syncthreads();  // the consumers are done
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    t[2 * blockIdx.x] = t0;
+    t[2 * blockIdx.x + 1] = t1;
+  }
+}
+
 // random bf16 in [-1, 1) (zeros would let the tensor cores run cooler than real data does)
 __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -318,12 +441,29 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
     }                                                                          \
   } while (0)
 
+static TensorMapBytes g_a_map;  // A as [1][E * rows][K] (modes 7 and 8)
+
 template <int MODE>
 int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
         const Params& p, const TensorMapBytes& b_map, double* tflops_per_sm) {
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
-    if constexpr (MODE == 6) {
+    if constexpr (MODE == 7 || MODE == 8) {
+      auto fn = tiles_kernel_ws<MODE == 8>;
+      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(ctas);
+      cfg.blockDim = dim3(kWsThreads);
+      cfg.dynamicSmemBytes = kWsSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = MODE == 8 ? 2 : 1;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      CK(cudaLaunchKernelEx(&cfg, fn, sink, E, rows, N, K, t, p, g_a_map, b_map));
+    } else if constexpr (MODE == 6) {
       CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemDynamic));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(ctas);
@@ -387,15 +527,16 @@ int main() {
   CK(cudaMemset(p.err, 0, 4 * sizeof(int32_t)));
   p.timeout_ns = 2000000000ull;
   TensorMapBytes b_map;
-  if (encode_weight_map(&b_map, b, K, N, E) != 0) {
+  if (encode_weight_map(&b_map, b, K, N, E) != 0 || encode_weight_map(&g_a_map, a, K, static_cast<uint64_t>(E) * rows, 1) != 0) {
     std::printf("tensor map encode failed\n");
     return 1;
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[7] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
-                          "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster"};
-  double r[7][3] = {};
+  const char* names[9] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+                          "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
+                          "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast"};
+  double r[9][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -403,11 +544,13 @@ int main() {
   CK(cudaMemcpy(s0.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
   double mag = 0.0;
   for (size_t i = 0; i < sink_len; ++i) mag += s0[i] < 0 ? -s0[i] : s0[i];
-  for (int m : {4, 6}) {
+  for (int m : {4, 6, 7, 8}) {
     CK(cudaMemset(sink, 0xFF, sink_len * 4));  // poisoned: a tile that is not computed shows up as NaN
-    if ((m == 4 ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
-                : run<6>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[6][0])))
-      return 1;
+    const int rc = m == 4   ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
+                   : m == 6 ? run<6>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[6][0])
+                   : m == 7 ? run<7>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[7][0])
+                            : run<8>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[8][0]);
+    if (rc) return 1;
     CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
     size_t diff = 0;
     for (size_t i = 0; i < sink_len; ++i) diff += !(s0[i] == sx[i]);
@@ -422,9 +565,11 @@ int main() {
     if (run<3>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[3][g])) return 1;
     if (g > 0 && run<4>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[4][g])) return 1;
     if (g > 0 && run<6>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[6][g])) return 1;
+    if (g > 0 && run<7>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[7][g])) return 1;
+    if (g > 0 && run<8>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[8][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, 1024 tiles, best of 5)\n", K);
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
   return 0;
 }
