@@ -13,6 +13,9 @@
 //           through an "empty" mbarrier); no CTA-wide barrier in the loop
 //   mode 8  mode 7 + B multicast over a 2-CTA cluster (each producer loads A and one B box for both CTAs; a
 //           stage is refilled once both CTAs' consumers released it)
+//   mode 9  mode 7 with 3 stages (what fits beside the megakernel's shared-memory tables)
+//   mode 10 mode 7 with A gathered by the 128 producer threads (cp.async per row pointer, completion counted on
+//           the stage's full barrier with cp.async.mbarrier.arrive.noinc), as GEMM0's own token rows need
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. Modes 0-3 keep a private copy of the old cp.async loader.
 // Every mode writes each tile's accumulator sums per thread; modes 4 and 6 must match mode 0 bit for bit.
 // Standalone, not part of the package:
@@ -305,18 +308,18 @@ __global__ void __launch_bounds__(256, 1)
 
 
 // ---- modes 7 / 8: warp-specialised producer / consumers ----------------------------------------------------
-constexpr int kWsStages = 4;
 constexpr int kWsThreads = 384;
-constexpr int kWsSmem = kWsStages * C::kSmemStage + 2 * kWsStages * 8 + 1024;
+constexpr int ws_smem(int stages) { return stages * C::kSmemStage + 2 * stages * 8 + 1024; }
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <bool MC>
+template <bool MC, int kWsStages, bool GATHER>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    tiles_kernel_ws(float* sink, int E, int rows, int N, int K, unsigned long long* t, const __grid_constant__ Params p,
-                    const __grid_constant__ TensorMapBytes a_map, const __grid_constant__ TensorMapBytes b_map) {
+    tiles_kernel_ws(const bf16* a_base, float* sink, int E, int rows, int N, int K, unsigned long long* t,
+                    const __grid_constant__ Params p, const __grid_constant__ TensorMapBytes a_map,
+                    const __grid_constant__ TensorMapBytes b_map) {
   extern __shared__ __align__(1024) uint8_t raw[];
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsStages * C::kSmemStage);
@@ -324,7 +327,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t rank = MC ? cluster_rank() : 0u;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWsStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr_u32(&full[s])) : "memory");
+      // full: the TMA thread's expect_tx arrive, plus (GATHER) one cp.async completion arrive per producer thread
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_u32(&full[s])), "r"(GATHER ? 129 : 1)
+                   : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_u32(&empty[s])), "r"(MC ? 4 : 2)
                    : "memory");
     }
@@ -347,20 +352,38 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    if (threadIdx.x == 0) {  // producer
+    if (GATHER || threadIdx.x == 0) {  // producer: thread 0 (TMA), or all 128 threads (A gather + TMA of B)
       int it = 0;
       for (int u = unit0; u < total_units; u += unit_step) {
         int e, rb, cb;
         unit_tile(u, &e, &rb, &cb);
+        // GATHER: chunk c = tid + 128 i (i < 8) of the 128 x 8 chunks of an A stage, i.e. row c / 8, 16-byte chunk
+        // c % 8, through one pointer per row (8 neighbouring threads read one row's 128 bytes: coalesced)
+        const bf16* a_row[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          a_row[i] = a_base + (static_cast<int64_t>(e) * rows + rb * C::kBlockM + ((threadIdx.x + 128 * i) >> 3)) * K;
         for (int k = 0; k < num_k; ++k, ++it) {
           const int s = it % kWsStages;
           if (it >= kWsStages) {
             if constexpr (MC) wait_cluster(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s);
             else mbar_wait(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
           }
-          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
           const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
-          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+          if constexpr (GATHER) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const int c = threadIdx.x + 128 * i;
+              cp_async_16(sa + swz(c >> 3, c & 7), a_row[i] + k * C::kBlockK + (c & 7) * 8, true);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr_u32(&full[s]))
+                         : "memory");
+            if (threadIdx.x != 0) continue;
+            mbar_arrive_expect_tx(&full[s], C::kSmemB);
+          } else {
+            mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+            tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+          }
           if constexpr (MC) {
             tma_load_3d_multicast(sb + rank * C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK,
                                   cb * C::kBlockN + static_cast<int>(rank) * C::kBoxRows, e, 0x3);
@@ -395,6 +418,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int k = 0; k < num_k; ++k, ++it) {
         const int s = it % kWsStages;
         mbar_wait(p, &full[s], (it / kWsStages) & 1, s, k);
+        if constexpr (GATHER) fence_proxy_async_smem();  // A was written by cp.async (generic proxy)
         const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128, sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
         wgmma_fence();
 #pragma unroll
@@ -448,8 +472,9 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
         const Params& p, const TensorMapBytes& b_map, double* tflops_per_sm) {
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
-    if constexpr (MODE == 7 || MODE == 8) {
-      auto fn = tiles_kernel_ws<MODE == 8>;
+    if constexpr (MODE >= 7) {
+      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE == 10>;
+      constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
       CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(ctas);
@@ -462,7 +487,7 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
       attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, fn, sink, E, rows, N, K, t, p, g_a_map, b_map));
+      CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map));
     } else if constexpr (MODE == 6) {
       CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemDynamic));
       cudaLaunchConfig_t cfg{};
@@ -533,10 +558,11 @@ int main() {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[9] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
-                          "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
-                          "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast"};
-  double r[9][3] = {};
+  const char* names[11] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+                           "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
+                           "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
+                           "warp-spec., A gathered (cp.async)"};
+  double r[11][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -544,12 +570,14 @@ int main() {
   CK(cudaMemcpy(s0.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
   double mag = 0.0;
   for (size_t i = 0; i < sink_len; ++i) mag += s0[i] < 0 ? -s0[i] : s0[i];
-  for (int m : {4, 6, 7, 8}) {
+  for (int m : {4, 6, 7, 8, 9, 10}) {
     CK(cudaMemset(sink, 0xFF, sink_len * 4));  // poisoned: a tile that is not computed shows up as NaN
     const int rc = m == 4   ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
                    : m == 6 ? run<6>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[6][0])
                    : m == 7 ? run<7>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[7][0])
-                            : run<8>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[8][0]);
+                   : m == 8 ? run<8>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[8][0])
+                   : m == 9 ? run<9>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[9][0])
+                            : run<10>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[10][0]);
     if (rc) return 1;
     CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
     size_t diff = 0;
@@ -567,9 +595,11 @@ int main() {
     if (g > 0 && run<6>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[6][g])) return 1;
     if (g > 0 && run<7>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[7][g])) return 1;
     if (g > 0 && run<8>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[8][g])) return 1;
+    if (g > 0 && run<9>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[9][g])) return 1;
+    if (g > 0 && run<10>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[10][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, 1024 tiles, best of 5)\n", K);
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
   return 0;
 }
