@@ -20,8 +20,9 @@
 // Every mode writes each tile's accumulator sums per thread; modes 4 and 6 must match mode 0 bit for bit.
 // Standalone, not part of the package:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr \
-//        -I weave_kernel/csrc tests/kernel/tile_limits.cu -o tile_limits && ./tile_limits
+//        -I weave_kernel/csrc tests/kernel/tile_limits.cu -o tile_limits && ./tile_limits [K, default 4096]
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "tma_host.h"
@@ -534,8 +535,13 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
   return 0;
 }
 
-int main() {
-  const int E = 4, rows = 2048, N = 4096, K = 4096;  // 1024 tiles of 128 x 256 x 4096
+int main(int argc, char** argv) {
+  // 1024 tiles of 128 x 256 x K; K (a multiple of 64) from the command line, default 4096
+  const int E = 4, rows = 2048, N = 4096, K = argc > 1 ? std::atoi(argv[1]) : 4096;
+  if (K < 64 || K % 64 != 0) {
+    std::printf("K must be a positive multiple of 64\n");
+    return 1;
+  }
   bf16 *a, *b;
   float* sink;
   unsigned long long* t;
