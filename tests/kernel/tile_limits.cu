@@ -157,28 +157,10 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-__device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// bounded wait (the experiment reports a timeout through p.err instead of hanging)
-__device__ __forceinline__ void wait_cluster(const Params& p, uint64_t* bar, uint32_t parity, int code) {
-  const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-  for (uint32_t n = 0; !mbar_try_wait_cluster(bar, parity); ++n)
-    if ((n & 63) == 63 && globaltimer_ns() > deadline) {
-      raise_error(p, kErrTimeoutTma, code, -1);
-      return;
-    }
-}
 // arrive on the barrier at the same smem offset in CTA `rank` of this cluster (this CTA or its peer)
 __device__ __forceinline__ void arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr_u32(bar)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* map, uint64_t* bar, int x, int y, int z,
@@ -186,7 +168,7 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* 
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
       "[%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr_u32(bar)), "r"(x), "r"(y), "r"(z), "h"(mask)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z), "h"(mask)
       : "memory");
 }
 
@@ -202,7 +184,7 @@ struct McPipe {
 __device__ __forceinline__ void mc_issue_b(const Params& p, McPipe& mp, uint8_t* smem, const void* b_map, int s, int k0,
                                            int y0, int z, uint32_t rank) {
   if ((mp.started >> s) & 1u) {  // both CTAs released its previous use
-    wait_cluster(p, &mp.empty[s], (mp.epar >> s) & 1u, 100 + s);
+    mbar_wait<true>(p, &mp.empty[s], (mp.epar >> s) & 1u, 100 + s, -1);
     mp.epar ^= 1u << s;
   }
   mp.started |= 1u << s;
@@ -274,8 +256,8 @@ __global__ void __launch_bounds__(256, 1)
   mp.started = mp.epar = mp.fpar = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr_u32(&mp.full[s])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_addr_u32(&mp.empty[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&mp.full[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_u32(&mp.empty[s])) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -329,9 +311,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWsStages; ++s) {
       // full: the TMA thread's expect_tx arrive, plus (GATHER) one cp.async completion arrive per producer thread
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_u32(&full[s])), "r"(GATHER ? 129 : 1)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(GATHER ? 129 : 1)
                    : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_u32(&empty[s])), "r"(MC ? 4 : 2)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(MC ? 4 : 2)
                    : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -367,8 +349,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int k = 0; k < num_k; ++k, ++it) {
           const int s = it % kWsStages;
           if (it >= kWsStages) {
-            if constexpr (MC) wait_cluster(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s);
-            else mbar_wait(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
+            mbar_wait<MC>(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
           }
           const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
           if constexpr (GATHER) {
@@ -377,7 +358,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               const int c = threadIdx.x + 128 * i;
               cp_async_16(sa + swz(c >> 3, c & 7), a_row[i] + k * C::kBlockK + (c & 7) * 8, true);
             }
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr_u32(&full[s]))
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&full[s]))
                          : "memory");
             if (threadIdx.x != 0) continue;
             mbar_arrive_expect_tx(&full[s], C::kSmemB);
@@ -405,7 +386,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           arrive_cluster(&empty[s], 0);
           arrive_cluster(&empty[s], 1);
         } else {
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr_u32(&empty[s])) : "memory");
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
         }
       }
     };

@@ -26,7 +26,8 @@ __device__ __forceinline__ PipeBarriers* pipe_barriers(uint8_t* smem) {
   return reinterpret_cast<PipeBarriers*>(smem + Config::kSmemBarOffset);
 }
 
-__device__ __forceinline__ uint32_t smem_addr_u32(const void* p) {
+// Shared-memory window address of a generic pointer to shared memory (what PTX's .shared operands take).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
@@ -36,7 +37,7 @@ __device__ __forceinline__ void init_pipe_barriers(uint8_t* smem) {
   PipeBarriers* b = pipe_barriers(smem);
 #pragma unroll
   for (int s = 0; s < Config::kStages; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr_u32(&b->full[s])) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&b->full[s])) : "memory");
   b->phase = 0;
   // make the initialised barriers visible to the async proxy (the copy engine completes them)
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -44,27 +45,38 @@ __device__ __forceinline__ void init_pipe_barriers(uint8_t* smem) {
 }
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr_u32(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
 
+// kCluster: acquire at cluster scope (a barrier that a peer CTA of the cluster arrives on); else CTA scope.
+template <bool kCluster = false>
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr_u32(bar)), "r"(parity)
-      : "memory");
+  if constexpr (kCluster)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
   return done != 0;
 }
 
 // Every thread: wait until the barrier completed the phase of `parity`. A copy that never lands (it would take
 // a faulting tensor map, which the launcher rules out) raises kErrTimeoutTma instead of hanging.
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, int32_t d0, int32_t d1) {
-  if (mbar_try_wait(bar, parity)) return;
+  if (mbar_try_wait<kCluster>(bar, parity)) return;
   const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
   for (uint32_t n = 1;; ++n) {
-    if (mbar_try_wait(bar, parity)) return;
+    if (mbar_try_wait<kCluster>(bar, parity)) return;
     if ((n & 63) == 0 && globaltimer_ns() > deadline) {
       raise_error(p, kErrTimeoutTma, d0, d1);
       return;  // the stage's contents are garbage; the host sees the error and discards the call
@@ -77,7 +89,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint6
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr_u32(bar)), "r"(x), "r"(y), "r"(z)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
       : "memory");
 }
 
