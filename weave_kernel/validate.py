@@ -6,6 +6,7 @@ import torch
 DIM_ALIGN = 64        # H and I must be multiples of this (one GEMM0 tile owns 64 h columns; K steps of 64)
 MAX_EXPERTS = 512     # shared-memory layout tables in the kernel
 MAX_RANKS = 8
+MAX_RANK_EXPERTS = 2048  # world x num_experts: the count matrix the kernel keeps in shared memory
 
 
 def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world: int, placement_gpus: int) -> None:
@@ -18,6 +19,9 @@ def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world:
         raise ValueError(f"world size {world} outside [1, {MAX_RANKS}]")
     if num_experts > MAX_EXPERTS or num_experts % world:
         raise ValueError(f"num_experts {num_experts} must be <= {MAX_EXPERTS} and a multiple of the world size {world}")
+    if world * num_experts > MAX_RANK_EXPERTS:
+        raise ValueError(f"world size x num_experts = {world} x {num_experts} exceeds {MAX_RANK_EXPERTS} (the kernel's "
+                         f"shared-memory count matrix); use fewer experts per layer or fewer ranks")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
 

@@ -91,3 +91,20 @@ def test_policy_and_error_codes_match_params_h():
     assert int(vals["kPolicyStatic"]) == policies.POLICY_STATIC
     errs = {int(v) for k, v in re.findall(r"(kErr\w+) = (\d+)", PARAMS_H) if k != "kErrNone"}
     assert errs == set(ERROR_TEXT)
+
+
+def test_kernel_limits_match_python_checks():
+    """The limits the Python checks enforce (validate.py) and the launcher repeats (binding.cpp) are config.cuh's."""
+    from weave_kernel import validate
+
+    config = (CSRC / "config.cuh").read_text()
+    binding = (CSRC / "binding.cpp").read_text()
+
+    def const(name):
+        return int(re.search(rf"\b{name} = (\d+);", config).group(1))
+
+    pairs = {"kDimAlign": ("DIM_ALIGN", "dim_align"), "kMaxExperts": ("MAX_EXPERTS", "max_experts"),
+             "kMaxRanks": ("MAX_RANKS", "max_ranks"), "kMaxRankExperts": ("MAX_RANK_EXPERTS", "max_rank_experts")}
+    for cname, (pyname, attr) in pairs.items():
+        assert const(cname) == getattr(validate, pyname), cname
+        assert int(re.search(rf'm\.attr\("{attr}"\) = (\d+);', binding).group(1)) == const(cname), attr

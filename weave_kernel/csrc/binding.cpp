@@ -85,9 +85,12 @@ void launch(const py::dict& d, uint64_t stream) {
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
+  // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)
   if (p.world < 1 || p.world > 8) throw std::invalid_argument("weave launch: world size must be in [1, 8]");
   if (p.num_experts > 512 || p.num_experts != p.world * p.num_local_experts)
     throw std::invalid_argument("weave launch: num_experts must equal world * num_local_experts and be <= 512");
+  if (p.world * p.num_experts > 2048)
+    throw std::invalid_argument("weave launch: world * num_experts must be <= 2048 (the kernel's count matrix)");
   if (p.num_tokens > p.max_tokens) throw std::invalid_argument("weave launch: num_tokens > max_tokens");
   if (p.epoch == 0) throw std::invalid_argument("weave launch: epoch must be >= 1");
   if (p.policy == weave::kPolicyStatic && (p.num_comm_ctas < 1 || p.num_comm_ctas >= p.num_ctas))
@@ -231,6 +234,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("dim_align") = 64;
   m.attr("max_experts") = 512;
   m.attr("max_ranks") = 8;
+  m.attr("max_rank_experts") = 2048;
   m.attr("cost_table_len") = weave::cost_table::kLen;
   m.attr("cost_table_version") = weave::cost_table::kVersion;
   m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);

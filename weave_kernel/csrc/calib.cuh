@@ -1,7 +1,7 @@
 // Calibration microbenchmark kernels (python -m weave_kernel.calibrate): the megakernel's own pieces timed in
 // isolation, so that weave-sim's hardware profile describes this kernel rather than cuBLAS or a copy engine.
 //   calib_push_kernel    dispatch-style row pushes into peers' symmetric buffers (copy_rows + block flag)
-//   calib_gemm_kernel    expert-grouped GEMM of wgmma tiles (tile_mainloop) claimed from an atomic ticket,
+//   calib_gemm_kernel    expert-grouped GEMM of the megakernel's tiles (run_tiles) claimed from an atomic ticket,
 //                        optionally in K chunks separated by the kernel's grid barrier
 //   calib_claim_kernel   ticket claims, all CTAs at once
 //   calib_signal_kernel  release/acquire flag ping-pong (cross-GPU or within one GPU)
@@ -49,29 +49,62 @@ __device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a, int* s_ok) {
   return cta_read_ok(s_ok);
 }
 
-// One output tile (row block rb, column block col of expert e): gemm1_tile's operand setup, mainloop and
-// epilogue, storing to C instead of pushing.
-__device__ __forceinline__ void gemm_tile(const CalibGemmArgs& a, uint8_t* smem, int e, int rb, int col) {
-  const int K = a.k, N = a.n;
-  const int row0 = rb * Config::kBlockM, num_rows = min(Config::kBlockM, a.rows_per_expert - row0);
-  const int64_t grow0 = static_cast<int64_t>(e) * a.rows_per_expert + row0;
-  const TileOperands op =
-      plain_tile_operands(reinterpret_cast<const bf16*>(a.a) + grow0 * K, &a.tmap_b, e, num_rows, K, col);
-  TileAcc acc;
-  tile_mainloop(a.sync, op, K, smem, acc);
-  bf16* st = reinterpret_cast<bf16*>(smem);
-  stage_plain(acc, st);
-  __syncthreads();
-  bf16* c = reinterpret_cast<bf16*>(a.c) + grow0 * N;
-  constexpr int kChunks = Config::kBlockN / 8;
-  for (int i = threadIdx.x; i < Config::kBlockM * kChunks; i += Config::kThreads) {
-    const int m = i / kChunks, chunk = i % kChunks, cc = col * Config::kBlockN + chunk * 8;
-    if (m < num_rows && cc < N)
-      *reinterpret_cast<int4*>(c + static_cast<int64_t>(m) * N + cc) =
-          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+// The calibration GEMM's tiles for run_tiles (pipeline.cuh): C[e] = A[e] B[e]^T per expert, expert-major, column
+// block, then row block (the megakernel's order), claimed from chunk ch's ticket; stored to C instead of pushed.
+struct CalibTiles {
+  const CalibGemmArgs& a;
+  uint32_t* ticket;
+  int rb0, nrb, per_expert, total;
+
+  __device__ __forceinline__ bool next(TileDesc& d) {
+    const int t = static_cast<int>(atomicAdd(ticket, 1u));
+    if (t >= total) {
+      d.kind = kTileEnd;
+      return true;
+    }
+    const int off = t % per_expert;
+    d.kind = kTileGemm1;
+    d.col = off / nrb;
+    d.num_k = a.k / Config::kBlockK;
+    d.b.le = t / per_expert;
+    d.b.row0 = (rb0 + off % nrb) * Config::kBlockM;
+    d.b.num_rows = min(Config::kBlockM, a.rows_per_expert - d.b.row0);
+    return true;
   }
-  __syncthreads();
-}
+  __device__ __forceinline__ void prepare(const TileDesc&, TileSlot&) {}
+  __device__ __forceinline__ const bf16* a_row(const TileDesc& d, const TileSlot&, int m) const {
+    return reinterpret_cast<const bf16*>(a.a) +
+           (static_cast<int64_t>(d.b.le) * a.rows_per_expert + d.b.row0 + m) * a.k;
+  }
+  __device__ __forceinline__ void b_boxes(const TileDesc& d, const void** map, int* y, int* z) const {
+    *map = &a.tmap_b;
+    y[0] = d.col * Config::kBlockN;
+    y[1] = y[0] + Config::kBoxRows;
+    z[0] = z[1] = d.b.le;
+  }
+  __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot&, const TileAcc& acc, uint8_t* staging) const {
+    const int N = a.n;
+    bf16* c = reinterpret_cast<bf16*>(a.c) + (static_cast<int64_t>(d.b.le) * a.rows_per_expert + d.b.row0) * N;
+    auto half = [&](int c0) {
+      store_staged(staging, d.b.num_rows, min(Config::kStageCols, N - c0),
+                   [&](int m) { return c + static_cast<int64_t>(m) * N + c0; });
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+    };
+    const int c0 = d.col * Config::kBlockN;
+    TileOut out;
+    pack_plain(acc, out);
+    stage_pairs<0>(out, staging);
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    half(c0);
+    if (c0 + Config::kStageCols < N) {
+      stage_pairs<32>(out, staging);
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      half(c0 + Config::kStageCols);
+    }
+  }
+  __device__ __forceinline__ void tile_done(const TileDesc&, uint64_t, uint64_t) const {}
+  __device__ __forceinline__ uint64_t now() const { return 0; }
+};
 
 }  // namespace calib
 
@@ -104,20 +137,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const _
 __global__ void __launch_bounds__(Config::kThreads, 1) calib_gemm_kernel(const __grid_constant__ CalibGemmArgs a) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = calib::aligned_smem(smem_raw);
-  __shared__ int s_ticket, s_ok;
-  init_pipe_barriers(smem);
+  __shared__ int s_ok;
+  init_pipeline(smem);
   __syncthreads();
   const int nb = ceil_div(a.n, Config::kBlockN), rb_all = ceil_div(a.rows_per_expert, Config::kBlockM);
   for (int ch = 0; ch < a.num_chunks; ++ch) {
-    // chunk ch: row blocks [rb0, rb1) of every expert, expert-major, column block outer, row block inner
+    // chunk ch: row blocks [rb0, rb1) of every expert
     const int rb0 = ch * rb_all / a.num_chunks, nrb = (ch + 1) * rb_all / a.num_chunks - rb0;
-    const int per_expert = nrb * nb, total = a.num_experts * per_expert;
-    for (;;) {
-      const int t = calib::claim(&s_ticket, a.tickets + ch);
-      if (t >= total) break;
-      const int e = t / per_expert, off = t % per_expert;
-      calib::gemm_tile(a, smem, e, rb0 + off % nrb, off / nrb);
-    }
+    calib::CalibTiles tiles{a, a.tickets + ch, rb0, nrb, nrb * nb, a.num_experts * nrb * nb};
+    if (!run_tiles(a.sync, smem, tiles)) return;
     if (ch + 1 < a.num_chunks && !grid_barrier(a.sync, ch, &s_ok)) return;
   }
 }

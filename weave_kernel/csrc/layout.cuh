@@ -11,8 +11,8 @@
 namespace weave {
 
 struct SharedLayout {
-  int cnt[Config::kMaxRanks * Config::kMaxExperts];         // cnt[s*E + e]: pairs source s sends to expert e
-  int segoff[Config::kMaxRanks * Config::kMaxExperts + 1];  // scan over (owner d, local le, step t) of the
+  int cnt[Config::kMaxRankExperts];         // cnt[s*E + e]: pairs source s sends to expert e
+  int segoff[Config::kMaxRankExperts + 1];  // scan over (owner d, local le, step t) of the
                                                             // segment of source (d - t) mod G; the last
                                                             // step also carries the padding of the expert's
                                                             // rows to a multiple of kBlockM
@@ -21,17 +21,19 @@ struct SharedLayout {
   int tk[2 * Config::kMaxExperts + 2]; // static policy: scan of tickets per segment (GEMM0 of expert i,
                                        // GEMM1 of expert i - L)
   int dq[Config::kMaxExperts + 1];     // scan of row pieces this rank sends to other ranks, (step i, le) order
-  int hist[Config::kMaxExperts];       // routing histogram, then this CTA's per-expert base
-  int pair[Config::kBlockM];           // pair ids of the rows of the current block
-  int psrc[Config::kBlockM];           // source rank of each row of the current block
+  union {
+    int hist[Config::kMaxExperts];         // routing histogram, then this CTA's per-expert base (until the
+                                           // sorted pair list is written, before grid barrier 1)
+    double cost_table[cost_table::kLen];   // weave: the cost table, loaded after grid barrier 1 while the
+                                           // peers' counts are in flight
+  };
   int scan_tmp[Config::kWarps + 1];
-  double cost_table[cost_table::kLen];  // weave: the cost table, loaded while the peers' counts are in flight
   VolumeSums red_sums[Config::kWarps];  // weave: block reductions of the spatial choice
   GridBest red_best[Config::kWarps];
   int num_comm;                         // CTAs that dispatch first (static / weave); 0 for sequential
   int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
   int ok;
-  int ticket;
+  int g1_tiles;                         // GEMM1 tiles this CTA ran (static / weave; the consumers' leader counts)
   int tl_count;
 };
 

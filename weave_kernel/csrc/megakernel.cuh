@@ -139,97 +139,73 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   return true;
 }
 
-// Claim the next ticket (all threads get it).
-__device__ __forceinline__ int claim_ticket(SharedLayout& s, uint32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) s.ticket = static_cast<int>(atomicAdd(counter, 1u));
-  __syncthreads();
-  return s.ticket;
-}
-
-// static:C compute loop. Tickets go expert by expert (so a weight tile is read from HBM once and reused from
-// L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1 tiles
-// of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its GEMM1.
-// Within a segment: column block, then row block (the expert's rows: this rank's own first, then each source's).
-// Also the weave policy's loop: there the comm CTAs enter it after their dispatch blocks (bubble stealing) and
-// claim from the same ticket, so no tile runs twice; `role` only labels the timeline records.
-__device__ __forceinline__ bool static_compute(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
-                                               int num_comm, uint16_t role) {
+// The GEMM phases of one CTA, all through one run_tiles call site (one inlined copy of the tile code; a second
+// copy made ptxas spill).
+//   static:C / weave: one phase. Tickets go expert by expert (so a weight tile is read from HBM once and reused
+//     from L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1
+//     tiles of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its
+//     GEMM1. Within a segment: column block, then row block (the expert's rows: this rank's own first, then each
+//     source's). Under weave the comm CTAs enter after their dispatch blocks (bubble stealing) and claim from the
+//     same ticket, so no tile runs twice; `role` only labels the timeline records.
+//   sequential: GEMM0 of every block, grid barrier, GEMM1 of every block (expert-major tickets).
+__device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+                                            int num_comm, uint16_t role) {
+  const bool seq = p.policy == kPolicySequential;
   const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
-  const int num_compute = p.num_ctas - num_comm;
-  const int L = min(El, max(1, ceil_div(num_compute, n0 * max(1, NB / El))));
-  const int num_seg = El + L;
-  block_scan(
-      num_seg,
-      [&](int i) {
-        return (i < El ? n0 * lv.expert_num_blocks(i) : 0) + (i >= L ? n1 * lv.expert_num_blocks(i - L) : 0);
-      },
-      s.tk, s.scan_tmp);
-  const int total = s.tk[num_seg];
   const int par = static_cast<int>(p.epoch & 1);
-  uint32_t* ticket = p.sched + par * 4 + 0;
-  uint32_t* done = p.sched + par * 4 + 2;
-  uint32_t my_g1 = 0;  // GEMM1 tiles this CTA ran (thread 0's count)
-  for (;;) {
-    const int t = claim_ticket(s, ticket);
-    if (t >= total) break;
-    const int seg = find_segment(s.tk, num_seg, t);
-    int off = t - s.tk[seg];
-    const int g0_tiles = seg < El ? n0 * lv.expert_num_blocks(seg) : 0;
-    if (off < g0_tiles) {
-      const int nblk = lv.expert_num_blocks(seg);
-      const RowBlock b = lv.compute_block(lv.expert_first_block(seg) + off % nblk);
-      if (!gemm0_tile(p, s, smem, lv, b, off / nblk, role)) return false;
-    } else {
-      off -= g0_tiles;
-      const int le = seg - L, nblk = lv.expert_num_blocks(le);
-      const RowBlock b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
-      if (!gemm1_tile(p, s, smem, lv, b, off / nblk, role, true)) return false;
-      ++my_g1;
-    }
+  if (threadIdx.x == 0) s.g1_tiles = 0;
+#pragma unroll 1  // one inlined copy of the tile code (two made ptxas spill)
+  for (int ph = 0; ph < (seq ? 2 : 1); ++ph) {
+    const bool with_g0 = !seq || ph == 0;
+    // GEMM1 of expert i shares segment i + L with GEMM0 of expert i + L; sequential: no sharing
+    int L = El;
+    if (!seq) L = min(El, max(1, ceil_div(p.num_ctas - num_comm, n0 * max(1, NB / El))));
+    if (seq && ph == 1) L = 0;
+    const int num_seg = seq ? El : El + L;
+    block_scan(
+        num_seg,
+        [&](int i) {
+          return (with_g0 && i < El ? n0 * lv.expert_num_blocks(i) : 0) +
+                 (i >= L ? n1 * lv.expert_num_blocks(i - L) : 0);
+        },
+        s.tk, s.scan_tmp);  // ends with __syncthreads
+    MoeTiles tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
+    if (!run_tiles(p, smem, tiles)) return false;  // starts and ends with __syncthreads
+    if (seq && ph == 0 && !grid_barrier(p, 3, &s.ok)) return false;
   }
+  if (seq) return true;
   // One system fence per CTA (not per GEMM1 tile) makes this CTA's combine rows visible before it counts
   // them; the CTA that completes the count tells every source (post_combine_flags fences again, then
   // releases the flags).
+  const uint32_t my_g1 = static_cast<uint32_t>(s.g1_tiles);
   if (threadIdx.x == 0 && my_g1 > 0) {
     __threadfence_system();
-    if (atomicAdd(done, my_g1) + my_g1 == static_cast<uint32_t>(NB * n1)) post_combine_flags(p);
+    if (atomicAdd(p.sched + par * 4 + 2, my_g1) + my_g1 == static_cast<uint32_t>(NB * n1)) post_combine_flags(p);
   }
   return true;
 }
 
-__device__ __forceinline__ bool sequential_body(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv) {
-  const int par = static_cast<int>(p.epoch & 1);
-  const int ND = lv.num_dispatch_blocks(), NB = lv.num_compute_blocks();
-  const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
-  for (int i = blockIdx.x; i < ND; i += p.num_ctas) {
+__device__ __forceinline__ void dispatch_blocks(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+                                                int first, int step) {
+  const int ND = lv.num_dispatch_blocks();
+  for (int i = first; i < ND; i += step) {
     const uint64_t t0 = tl_now(p);
     const RowBlock b = lv.dispatch_block(i);
-    dispatch_block(p, s, b);
+    dispatch_block(p, s, tile_slot(smem, 0)->pair, b);
     tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
   }
-  if (!grid_barrier(p, 2, &s.ok)) return false;
-  for (;;) {
-    const int t = claim_ticket(s, p.sched + par * 4 + 0);
-    if (t >= NB * n0) break;
-    int col;
-    const int blk = lv.expert_major_tile(t, n0, &col);
-    if (!gemm0_tile(p, s, smem, lv, lv.compute_block(blk), col, kRoleCompute)) return false;
-  }
-  if (!grid_barrier(p, 3, &s.ok)) return false;
-  for (;;) {
-    const int t = claim_ticket(s, p.sched + par * 4 + 1);
-    if (t >= NB * n1) break;
-    int col;
-    const int blk = lv.expert_major_tile(t, n1, &col);
-    if (!gemm1_tile(p, s, smem, lv, lv.compute_block(blk), col, kRoleCompute, false)) return false;
-  }
+}
+
+// sequential: the combine phase after GEMM1 wrote every block in place.
+__device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout& s, uint8_t* smem,
+                                                   const LayoutView& lv) {
   if (!grid_barrier(p, 4, &s.ok)) return false;
+  const int NB = lv.num_compute_blocks();
   for (int i = blockIdx.x; i < NB; i += p.num_ctas) {
     const uint64_t t0 = tl_now(p);
     const RowBlock b = lv.compute_block(i);
-    combine_block(p, s, lv, b);
+    combine_block(p, s, lv, b, *tile_slot(smem, 0));
     tl_record(p, s, t0, kRoleComm, kTaskCombine, b.row0 / Config::kBlockM, -1);
   }
   if (threadIdx.x == 0) __threadfence_system();
@@ -244,35 +220,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ SharedLayout s;
   if (threadIdx.x == 0) s.tl_count = 0;
-  init_pipe_barriers(smem);
+  init_pipeline(smem);
   __syncthreads();
   bool ok = routing_phase(p, s);
   if (ok) {
     const LayoutView lv{s, p};
-    if (p.policy == kPolicySequential) {
-      ok = sequential_body(p, s, smem, lv);
-    } else {
-      const int C = s.num_comm;
-      const bool comm = static_cast<int>(blockIdx.x) < C;
-      if (comm) {
-        const int ND = lv.num_dispatch_blocks();
-        for (int i = blockIdx.x; i < ND; i += C) {
-          const uint64_t t0 = tl_now(p);
-          const RowBlock b = lv.dispatch_block(i);
-          dispatch_block(p, s, b);
-          tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
-        }
-        if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
-      }
-      // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks. Dispatch never waits on
-      // a tile, so joining late cannot deadlock. One call site keeps one inlined copy of the tile code.
-      if (!comm || p.policy == kPolicyWeave) ok = static_compute(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
+    const bool seq = p.policy == kPolicySequential;
+    const int C = s.num_comm;  // 0 for sequential
+    const bool comm = static_cast<int>(blockIdx.x) < C;
+    if (seq) {
+      dispatch_blocks(p, s, smem, lv, blockIdx.x, p.num_ctas);
+      ok = grid_barrier(p, 2, &s.ok);
+    } else if (comm) {
+      dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
+      if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
     }
-    if (ok) {
-      const uint16_t role = (p.policy != kPolicySequential && static_cast<int>(blockIdx.x) < s.num_comm)
-                                ? kRoleComm : kRoleCompute;
-      ok = reduce_phase(p, s, role);
-    }
+    // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks. Dispatch never waits on
+    // a tile, so joining late cannot deadlock.
+    if (ok && (!comm || p.policy == kPolicyWeave)) ok = gemm_phases(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
+    if (ok && seq) ok = sequential_combine(p, s, smem, lv);
+    if (ok) ok = reduce_phase(p, s, comm ? kRoleComm : kRoleCompute);
   }
   if (p.timeline != nullptr && threadIdx.x == 0) p.timeline_count[blockIdx.x] = s.tl_count;
 }

@@ -5,6 +5,7 @@
 
 #include "config.cuh"
 #include "gemm.cuh"
+#include "pipeline.cuh"
 #include "layout.cuh"
 #include "sync.cuh"
 
@@ -17,9 +18,10 @@ __device__ __forceinline__ T* sym(const Params& p, int rank, int64_t offset) {
 }
 
 // ---- timeline -----------------------------------------------------------------------------------------
+// One thread records: thread 0 outside the GEMM phases, the consumers' leader (thread kProducerThreads) inside.
 __device__ __forceinline__ void tl_record_span(const Params& p, SharedLayout& s, uint64_t t0, uint64_t t1,
-                                               uint16_t role, uint16_t kind, int a0, int a1) {
-  if (p.timeline == nullptr || threadIdx.x != 0) return;
+                                               uint16_t role, uint16_t kind, int a0, int a1, int who = 0) {
+  if (p.timeline == nullptr || static_cast<int>(threadIdx.x) != who) return;
   const int n = s.tl_count;
   if (n >= p.timeline_per_cta) return;
   TimelineRecord r;
@@ -34,14 +36,15 @@ __device__ __forceinline__ void tl_record_span(const Params& p, SharedLayout& s,
   s.tl_count = n + 1;
 }
 __device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
-                                          uint16_t kind, int a0, int a1) {
-  if (p.timeline != nullptr && threadIdx.x == 0) tl_record_span(p, s, t0, globaltimer_ns(), role, kind, a0, a1);
+                                          uint16_t kind, int a0, int a1, int who = 0) {
+  if (p.timeline != nullptr && static_cast<int>(threadIdx.x) == who)
+    tl_record_span(p, s, t0, globaltimer_ns(), role, kind, a0, a1, who);
 }
 // Record a wait only when it cost something (keeps traces small).
 __device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role, int a0,
-                                        int a1) {
-  if (p.timeline != nullptr && threadIdx.x == 0 && globaltimer_ns() - t0 > 1000)
-    tl_record(p, s, t0, role, kTaskWait, a0, a1);
+                                        int a1, int who = 0) {
+  if (p.timeline != nullptr && static_cast<int>(threadIdx.x) == who && globaltimer_ns() - t0 > 1000)
+    tl_record(p, s, t0, role, kTaskWait, a0, a1, who);
 }
 __device__ __forceinline__ uint64_t tl_now(const Params& p) { return p.timeline ? globaltimer_ns() : 0; }
 
@@ -68,13 +71,14 @@ __device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow s
 
 // ---- dispatch: push one row piece of this rank's tokens into the owner's receive buffer -----------------
 // The piece lies inside one of the owner's row blocks; its flag is (row block, source) = (row0 / BM, rank).
-__device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, const RowBlock& b) {
+// pair: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile).
+__device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, int* pair, const RowBlock& b) {
   const int H = p.hidden;
   int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
   if (threadIdx.x < b.num_rows) {
-    const int pair = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
-    s.pair[threadIdx.x] = pair;
-    meta[b.row0 + threadIdx.x] = pair;
+    const int id = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
+    pair[threadIdx.x] = id;
+    meta[b.row0 + threadIdx.x] = id;
   }
   __syncthreads();
   const int4* x = reinterpret_cast<const int4*>(p.x);
@@ -82,7 +86,7 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   const int row_chunks = H / 8;
   copy_rows(
       b.num_rows, row_chunks,
-      [&](int m) { return x + static_cast<int64_t>(s.pair[m] / p.top_k) * row_chunks; },
+      [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; },
       [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; });
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -92,136 +96,157 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   }
 }
 
-// Pair ids (token * top_k + j on the source) and source ranks of a computed block's rows into s.pair and
-// s.psrc. The owner's own rows (the expert's first rows) come from this rank's sorted pair list, received
-// rows from the metadata their source pushed with them. No __syncthreads.
-__device__ __forceinline__ void load_block_pairs(const Params& p, SharedLayout& s, const LayoutView& lv,
-                                                 const RowBlock& b) {
+// Pair ids (token * top_k + j on the source) and source ranks of a computed block's rows into ts.pair and
+// ts.psrc (threads [0, num_rows)). The owner's own rows (the expert's first rows) come from this rank's sorted
+// pair list, received rows from the metadata their source pushed with them. No barrier.
+__device__ __forceinline__ void load_block_pairs(const Params& p, const SharedLayout& s, const LayoutView& lv,
+                                                 const RowBlock& b, TileSlot& ts) {
   if (threadIdx.x >= b.num_rows) return;
   const int er = b.slot0 + threadIdx.x;  // row inside the expert's rows
   if (er < lv.step_rows(b, 0)) {
-    s.pair[threadIdx.x] = __ldcg(p.sorted_pair + s.ebase[b.expert] + er);
-    s.psrc[threadIdx.x] = p.rank;
+    ts.pair[threadIdx.x] = __ldcg(p.sorted_pair + s.ebase[b.expert] + er);
+    ts.psrc[threadIdx.x] = p.rank;
     return;
   }
   int step = 1;
   while (step + 1 < p.world && lv.step_begin(b, step + 1) <= er) ++step;
-  s.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
-  s.psrc[threadIdx.x] = (p.rank - step + p.world) % p.world;
+  ts.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  ts.psrc[threadIdx.x] = (p.rank - step + p.world) % p.world;
 }
 
-// Wait (thread 0) until every source whose rows fall into compute block b has published them.
-__device__ __forceinline__ bool wait_block_rows(const Params& p, SharedLayout& s, const LayoutView& lv,
-                                                const RowBlock& b) {
+// One thread: wait until every source whose rows fall into compute block b has published them.
+__device__ __forceinline__ bool block_rows_ready(const Params& p, const LayoutView& lv, const RowBlock& b) {
   const int rb = b.row0 / Config::kBlockM;
-  if (threadIdx.x == 0) {
-    bool ok = true;
-    for (int step = 1; step < p.world && ok; ++step) {
-      const int n = lv.step_rows(b, step), beg = lv.step_begin(b, step);
-      if (n == 0 || beg >= b.slot0 + b.num_rows || beg + n <= b.slot0) continue;
-      const int src = (p.rank - step + p.world) % p.world;
-      const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_blk_flag) + rb * p.world + src;
-      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutRows, rb, src);
-    }
-    s.ok = ok;
+  for (int step = 1; step < p.world; ++step) {
+    const int n = lv.step_rows(b, step), beg = lv.step_begin(b, step);
+    if (n == 0 || beg >= b.slot0 + b.num_rows || beg + n <= b.slot0) continue;
+    const int src = (p.rank - step + p.world) % p.world;
+    const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_blk_flag) + rb * p.world + src;
+    if (!spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutRows, rb, src)) return false;
   }
-  __syncthreads();
-  return cta_read_ok(&s.ok);
-}
-
-// ---- GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T) ------------------------------------------
-__device__ __forceinline__ bool gemm0_tile(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
-                                           const RowBlock& b, int col_block, uint16_t role) {
-  const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
-  const uint64_t t0 = tl_now(p);
-  if (!wait_block_rows(p, s, lv, b)) return false;
-  tl_wait(p, s, t0, role, rb, col_block);
-  const uint64_t t1 = tl_now(p);
-  load_block_pairs(p, s, lv, b);
-  __syncthreads();
-
-  TileOperands op;
-  op.valid = 0;
-  op.a_base = reinterpret_cast<const bf16*>(p.x);
-  const bf16* recv = sym<const bf16>(p, p.rank, p.off_recv_x);
-#pragma unroll
-  for (int i = 0; i < TileOperands::kAChunks; ++i) {
-    const int m = (threadIdx.x + i * Config::kThreads) >> 3;
-    const bool ok = m < b.num_rows;
-    const bool own = ok && s.psrc[m] == p.rank;  // own rows: gathered from x; others: received rows
-    op.set_a_row(i, ok,
-                 own ? op.a_base + static_cast<int64_t>(s.pair[m] / p.top_k) * H
-                     : recv + static_cast<int64_t>(b.row0 + m) * H);
-  }
-  // B: box 0 = the gate rows of h columns [col_block * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh);
-  // rows past I (I % 128 != 0) arrive as zeros and their h columns are not stored
-  static_assert(Config::kHalfN == Config::kBoxRows, "GEMM0 B: one box of gate rows, one of up rows");
-  op.b_map = &p.tmap_w13;
-  op.b_y[0] = op.b_y[1] = col_block * Config::kHalfN;
-  op.b_z[0] = 2 * b.le;
-  op.b_z[1] = 2 * b.le + 1;
-  TileAcc acc;
-  tile_mainloop(p, op, H, smem, acc);
-  bf16* st = reinterpret_cast<bf16*>(smem);
-  stage_swiglu(acc, st);
-  __syncthreads();
-  // kBlockM rows x kHalfN columns, 16-byte chunks; columns past I are not stored
-  constexpr int kChunks = Config::kHalfN / 8;
-  bf16* h = reinterpret_cast<bf16*>(p.h);
-  for (int c = threadIdx.x; c < Config::kBlockM * kChunks; c += Config::kThreads) {
-    const int m = c / kChunks, chunk = c % kChunks, col = col_block * Config::kHalfN + chunk * 8;
-    if (m < b.num_rows && col < I)
-      *reinterpret_cast<int4*>(h + static_cast<int64_t>(b.row0 + m) * I + col) =
-          *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    red_release_gpu_add_u32(p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb, 1u);
-  }
-  tl_record(p, s, t1, role, kTaskGemm0, rb, col_block);
   return true;
 }
 
-// ---- GEMM1: out[rows, kBlockN cols] = h_rows W2^T; pushed to the source's combine slots (static policy) or
-// written in place over the receive rows (sequential policy, pushed later by the combine phase) ----------
-__device__ __forceinline__ bool gemm1_tile(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
-                                           const RowBlock& b, int col_block, uint16_t role, bool push_now) {
-  const int H = p.hidden, I = p.inter, rb = b.row0 / Config::kBlockM;
-  const uint32_t need = static_cast<uint32_t>(ceil_div(I, Config::kHalfN));
-  const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
-  const uint64_t t0 = tl_now(p);
-  if (threadIdx.x == 0)
-    s.ok = spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= need; }, kErrTimeoutGemm0, rb, col_block);
-  __syncthreads();
-  if (!cta_read_ok(&s.ok)) return false;
-  tl_wait(p, s, t0, role, rb, col_block);
-  const uint64_t t1 = tl_now(p);
+// ---- the GEMM tiles of the megakernel, as a tile source for run_tiles (pipeline.cuh) ----------------------
+//   GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T); A rows gathered from x (this rank's own
+//          tokens) and from the receive buffer; waits for the rows' dispatch flags.
+//   GEMM1: out[rows, kBlockN cols] = h_rows W2^T; waits until all GEMM0 tiles of the block are done; pushed
+//          straight into the source's combine slots (static / weave), or written in place over the receive rows
+//          (sequential: the combine phase pushes them later).
+// Tickets: one counter over the expert segments of s.tk: segment i holds the GEMM0 tiles of local expert i (if
+// with_g0) and then the GEMM1 tiles of expert i - L (if i >= L); within a segment column block, then row block,
+// so consecutive tiles share a weight tile. static / weave: both kinds in one pass (gemm_phases picks L);
+// sequential: a GEMM0-only pass (L = El), then a GEMM1-only pass (with_g0 = false, L = 0).
+struct MoeTiles {
+  const Params& p;
+  SharedLayout& s;
+  const LayoutView& lv;
+  uint16_t role;       // timeline label
+  uint32_t* ticket;
+  int num_seg, L;
+  bool with_g0;        // segments start with their expert's GEMM0 tiles
+  bool push;           // GEMM1 epilogue: into the source's combine slot (else in place over the receive row)
 
-  load_block_pairs(p, s, lv, b);  // read after the mainloop's closing __syncthreads
-
-  const TileOperands op = plain_tile_operands(reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(b.row0) * I,
-                                             &p.tmap_w2, b.le, b.num_rows, I, col_block);
-  TileAcc acc;
-  tile_mainloop(p, op, I, smem, acc);  // ends with __syncthreads: s.pair is visible
-  bf16* st = reinterpret_cast<bf16*>(smem);
-  stage_plain(acc, st);
-  __syncthreads();
-  const int col0 = col_block * Config::kBlockN;
-  constexpr int kChunks = Config::kBlockN / 8;
-  for (int c = threadIdx.x; c < Config::kBlockM * kChunks; c += Config::kThreads) {
-    const int m = c / kChunks, chunk = c % kChunks, col = col0 + chunk * 8;
-    if (m < b.num_rows && col < H) {
-      // static / weave: straight into the source's combine slot; sequential: in place over the receive row
-      bf16* dst = push_now ? sym<bf16>(p, s.psrc[m], p.off_comb) + static_cast<int64_t>(s.pair[m]) * H
-                           : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(b.row0 + m) * H;
-      *reinterpret_cast<int4*>(dst + col) = *reinterpret_cast<const int4*>(st + m * Config::kEpiStride + chunk * 8);
+  // producer thread 0: the next tile and its inputs ready; false on an error
+  __device__ __forceinline__ bool next(TileDesc& d) {
+    const int t = static_cast<int>(atomicAdd(ticket, 1u));
+    if (t >= s.tk[num_seg]) {
+      d.kind = kTileEnd;
+      return true;
+    }
+    const int n0 = ceil_div(p.inter, Config::kHalfN);
+    const int seg = find_segment(s.tk, num_seg, t);
+    int off = t - s.tk[seg];
+    const int g0_tiles = with_g0 && seg < p.num_local_experts ? n0 * lv.expert_num_blocks(seg) : 0;
+    const bool g0 = off < g0_tiles;
+    const int le = g0 ? seg : seg - L, nblk = lv.expert_num_blocks(le);
+    if (!g0) off -= g0_tiles;
+    d.kind = g0 ? kTileGemm0 : kTileGemm1;
+    d.col = off / nblk;
+    d.b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
+    const int rb = d.b.row0 / Config::kBlockM;
+    if (g0) {
+      d.num_k = p.hidden / Config::kBlockK;
+      return block_rows_ready(p, lv, d.b);
+    }
+    d.num_k = p.inter / Config::kBlockK;
+    const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
+    return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= static_cast<uint32_t>(n0); }, kErrTimeoutGemm0, rb,
+                      d.col);
+  }
+  // producer warpgroup
+  __device__ __forceinline__ void prepare(const TileDesc& d, TileSlot& ts) { load_block_pairs(p, s, lv, d.b, ts); }
+  __device__ __forceinline__ const bf16* a_row(const TileDesc& d, const TileSlot& ts, int m) const {
+    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(d.b.row0 + m) * p.inter;
+    // own rows: gathered from x; others: received rows
+    return ts.psrc[m] == p.rank
+               ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * p.hidden
+               : sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(d.b.row0 + m) * p.hidden;
+  }
+  // GEMM0: box 0 = the gate rows of h columns [col * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh; rows
+  // past I arrive as zeros and their h columns are not stored); GEMM1: two 128-row halves of W2's column block
+  __device__ __forceinline__ void b_boxes(const TileDesc& d, const void** map, int* y, int* z) const {
+    static_assert(Config::kHalfN == Config::kBoxRows, "GEMM0 B: one box of gate rows, one of up rows");
+    if (d.kind == kTileGemm0) {
+      *map = &p.tmap_w13;
+      y[0] = y[1] = d.col * Config::kHalfN;
+      z[0] = 2 * d.b.le;
+      z[1] = 2 * d.b.le + 1;
+    } else {
+      *map = &p.tmap_w2;
+      y[0] = d.col * Config::kBlockN;
+      y[1] = d.col * Config::kBlockN + Config::kBoxRows;
+      z[0] = z[1] = d.b.le;
     }
   }
-  __syncthreads();
-  tl_record(p, s, t1, role, kTaskGemm1, rb, col_block);
-  return true;
-}
+  // consumers; ends with a consumer barrier
+  __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot& ts, const TileAcc& acc, uint8_t* staging) const {
+    const int H = p.hidden, I = p.inter, row0 = d.b.row0;
+    if (d.kind == kTileGemm0) {
+      const int c0 = d.col * Config::kHalfN;
+      bf16* h = reinterpret_cast<bf16*>(p.h) + c0;
+      TileOut out;
+      pack_swiglu(acc, out);
+      stage_pairs<0>(out, staging);
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      store_staged(staging, d.b.num_rows, min(Config::kHalfN, I - c0),
+                   [&](int m) { return h + static_cast<int64_t>(row0 + m) * I; });
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      return;
+    }
+    auto half = [&](int c0) {  // static / weave: into the source's combine slot; sequential: over the receive row
+      store_staged(staging, d.b.num_rows, min(Config::kStageCols, H - c0), [&](int m) {
+        return (push ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
+                     : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(row0 + m) * H) + c0;
+      });
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+    };
+    const int c0 = d.col * Config::kBlockN;
+    TileOut out;
+    pack_plain(acc, out);
+    stage_pairs<0>(out, staging);
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    half(c0);
+    if (c0 + Config::kStageCols < H) {
+      stage_pairs<32>(out, staging);
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      half(c0 + Config::kStageCols);
+    }
+  }
+  // consumers' leader, after the epilogue
+  __device__ __forceinline__ void tile_done(const TileDesc& d, uint64_t t_wait, uint64_t t_start) const {
+    const int rb = d.b.row0 / Config::kBlockM, who = Config::kProducerThreads;
+    if (d.kind == kTileGemm0) {
+      __threadfence();
+      red_release_gpu_add_u32(p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb, 1u);
+    } else {
+      ++s.g1_tiles;
+    }
+    if (t_start - t_wait > 1000) tl_record_span(p, s, t_wait, t_start, role, kTaskWait, rb, d.col, who);
+    tl_record(p, s, t_start, role, d.kind == kTileGemm0 ? kTaskGemm0 : kTaskGemm1, rb, d.col, who);
+  }
+  __device__ __forceinline__ uint64_t now() const { return tl_now(p); }
+};
 
 // Tell every source that this owner's combine rows have all landed.
 __device__ __forceinline__ void post_combine_flags(const Params& p) {
@@ -231,14 +256,14 @@ __device__ __forceinline__ void post_combine_flags(const Params& p) {
 
 // ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
 __device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const LayoutView& lv,
-                                              const RowBlock& b) {
+                                              const RowBlock& b, TileSlot& ts) {
   const int row_chunks = p.hidden / 8;
-  load_block_pairs(p, s, lv, b);
+  load_block_pairs(p, s, lv, b, ts);
   __syncthreads();
   const int4* out = sym<const int4>(p, p.rank, p.off_recv_x);
   copy_rows(
       b.num_rows, row_chunks, [&](int m) { return out + static_cast<int64_t>(b.row0 + m) * row_chunks; },
-      [&](int m) { return sym<int4>(p, s.psrc[m], p.off_comb) + static_cast<int64_t>(s.pair[m]) * row_chunks; });
+      [&](int m) { return sym<int4>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * row_chunks; });
   __syncthreads();
 }
 

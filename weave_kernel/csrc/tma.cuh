@@ -15,33 +15,29 @@
 
 namespace weave {
 
-// Lives right after the pipeline stages in dynamic shared memory (Config::kSmemBarOffset).
-struct PipeBarriers {
-  uint64_t full[Config::kStages];  // completed once per use of the stage: 32 KB of B landed
-  uint32_t phase;                  // bit s: parity of stage s's next completion (thread 0 writes it back)
-};
-static_assert(sizeof(PipeBarriers) <= Config::kSmemBarBytes, "PipeBarriers must fit its smem slot");
-
-__device__ __forceinline__ PipeBarriers* pipe_barriers(uint8_t* smem) {
-  return reinterpret_cast<PipeBarriers*>(smem + Config::kSmemBarOffset);
-}
-
 // Shared-memory window address of a generic pointer to shared memory (what PTX's .shared operands take).
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Thread 0 once per launch, before any tile; the caller follows with __syncthreads.
-__device__ __forceinline__ void init_pipe_barriers(uint8_t* smem) {
-  if (threadIdx.x != 0) return;
-  PipeBarriers* b = pipe_barriers(smem);
-#pragma unroll
-  for (int s = 0; s < Config::kStages; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&b->full[s])) : "memory");
-  b->phase = 0;
-  // make the initialised barriers visible to the async proxy (the copy engine completes them)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// After the initialisations: make them visible to the async proxy (the copy engine completes the barriers).
+__device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// One arrival (release semantics at CTA scope: this thread's earlier writes are visible to the waiters).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// One arrival once every cp.async this thread issued so far has landed (counted in the barrier's init count).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
@@ -69,17 +65,21 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Every thread: wait until the barrier completed the phase of `parity`. A copy that never lands (it would take
-// a faulting tensor map, which the launcher rules out) raises kErrTimeoutTma instead of hanging.
+// Wait until the barrier completed the phase of `parity`. Returns false instead of hanging: a completion that
+// never comes (a faulting tensor map, which the launcher rules out, or a pipeline partner that stopped after an
+// error) raises kErrTimeoutTma once the deadline passed, and an error raised anywhere else ends the wait early.
 template <bool kCluster = false>
-__device__ __forceinline__ void mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, int32_t d0, int32_t d1) {
-  if (mbar_try_wait<kCluster>(bar, parity)) return;
+__device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32_t parity, int32_t d0, int32_t d1) {
+  if (mbar_try_wait<kCluster>(bar, parity)) return true;
   const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
   for (uint32_t n = 1;; ++n) {
-    if (mbar_try_wait<kCluster>(bar, parity)) return;
-    if ((n & 63) == 0 && globaltimer_ns() > deadline) {
-      raise_error(p, kErrTimeoutTma, d0, d1);
-      return;  // the stage's contents are garbage; the host sees the error and discards the call
+    if (mbar_try_wait<kCluster>(bar, parity)) return true;
+    if ((n & 63) == 0) {
+      if (ld_volatile_i32(p.err) != 0) return false;
+      if (globaltimer_ns() > deadline) {
+        raise_error(p, kErrTimeoutTma, d0, d1);
+        return false;
+      }
     }
   }
 }

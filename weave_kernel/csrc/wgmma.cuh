@@ -1,7 +1,14 @@
-// Hopper tile mainloop: wgmma.mma_async m64n256k16 (sm_90a), bf16 in, fp32 accumulators in registers.
-// Two warpgroups per CTA, each owning 64 rows of the 128 x 256 tile; A (cp.async) and B (TMA) land in
-// 128-byte-swizzled smem stages (the SW128 K-major canonical layout, so the tile bases must be 1024-byte
-// aligned). Framework-free.
+// Hopper tensor-core pieces of the GEMM tiles: wgmma.mma_async m64n256k16 (sm_90a), bf16 in, fp32 accumulators
+// in registers; the two consumer warpgroups each own 64 rows of the 128 x 256 tile and read A and B from
+// 128-byte-swizzled smem stages (the SW128 K-major canonical layout, so the stage bases are 1024-byte aligned).
+// The epilogue stages accumulators as bf16 in a swizzled [kBlockM][kStageCols] buffer. The loop that drives
+// them is pipeline.cuh. Framework-free.
+//
+// No wgmma instruction may sit under a branch that depends on the thread in a way ptxas cannot prove
+// warpgroup-uniform (e.g. "this warpgroup's 64 rows are all padding, skip"): ptxas then inserts a warpgroup
+// dependency barrier (WG.DP) in the divergent path and serialises every wgmma of the kernel (warning C7518: each
+// HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). The producer /
+// consumer split on threadIdx.x / 128 is provably uniform; tests/kernel/test_csrc.py asserts no C7518.
 #pragma once
 #include <cstdint>
 
@@ -41,101 +48,66 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// acc = A[BM, K] * B[BN, K]^T; A rows past the block's rows are zero-filled by the loader, so they compute
-// zeros that no epilogue stores. K % kBlockK == 0; smem 1024-byte aligned, its barriers initialised
-// (init_pipe_barriers). A stage holds A (cp.async by all threads) and B (two TMA boxes issued by thread 0,
-// completing the stage's full barrier); one wgmma group stays in flight while the next stage is waited for and
-// the one after is prefetched; a stage is refilled only after both warpgroups retired the MMAs that read it.
-// Ends with a __syncthreads. The epilogue may then reuse the stages as generic staging memory: the next tile's
-// first TMA writes are ordered after it by the proxy fence at the top.
-//
-// No wgmma instruction may sit under a branch that depends on the thread (e.g. "this warpgroup's 64 rows are
-// all padding, skip"): ptxas cannot prove such a branch warpgroup-uniform, inserts a warpgroup dependency
-// barrier (WG.DP) in the divergent path and then serialises every wgmma of the kernel (warning C7518: each
-// HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). An earlier
-// version skipped the MMAs of an all-padding warpgroup that way; both warpgroups now always issue them
-// (tests/kernel/test_csrc.py asserts that ptxas reports no C7518).
-__device__ __forceinline__ void tile_mainloop(const Params& p, const TileOperands& op, int K, uint8_t* smem,
-                                              TileAcc& acc) {
-  static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && Config::kThreads == 256,
-                "wgmma path: two warpgroups x m64n256");
-  static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
-  static_assert(Config::kStages == 3, "refill-after-retire order assumes 3 stages");
-  const int wg = threadIdx.x / 128;
-  PipeBarriers* bars = pipe_barriers(smem);
-  uint32_t phase = bars->phase;  // written back by thread 0 before the previous tile's closing __syncthreads
+// Pin the accumulators after wgmma_wait: the compiler sees them as outputs of the wgmma asm only, and could
+// otherwise schedule reads of them before the wait that makes them final.
+__device__ __forceinline__ void fence_acc(TileAcc& acc) {
 #pragma unroll
-  for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
-  const int num_k = K / Config::kBlockK;
-  fence_proxy_async_smem();  // this thread's generic smem accesses (last epilogue) before the TMA writes below
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < Config::kStages - 1; ++s) {
-    if (s < num_k) {
-      if (threadIdx.x == 0) issue_stage_b(op, smem, s, s * Config::kBlockK);
-      load_stage_a(op, smem, s, s * Config::kBlockK);
-    }
-    cp_async_commit();
-  }
-  const uint32_t smem_base = smem_u32(smem);
-  for (int kt = 0; kt < num_k; ++kt) {
-    const int st = kt % Config::kStages;
-    cp_async_wait<Config::kStages - 2>();  // stage kt's A landed (this thread's copies)
-    fence_proxy_async_smem();              // cp.async wrote through the generic proxy; wgmma reads via async
-    mbar_wait(p, &bars->full[st], (phase >> st) & 1u, st, kt);  // stage kt's B landed
-    phase ^= 1u << st;
-    __syncthreads();                       // ... and every thread's A copies landed
-    const uint32_t sa = smem_base + st * Config::kSmemStage + wg * 64 * 128;
-    const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
-      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
-    __syncthreads();  // both warpgroups are done with stage kt-1: refill it
-    const int next = kt + Config::kStages - 1;
-    if (next < num_k) {
-      if (threadIdx.x == 0) issue_stage_b(op, smem, next % Config::kStages, next * Config::kBlockK);
-      load_stage_a(op, smem, next % Config::kStages, next * Config::kBlockK);
-    }
-    cp_async_commit();
-  }
-  wgmma_wait<0>();
-  cp_async_wait<0>();
-  if (threadIdx.x == 0) bars->phase = phase;
-  __syncthreads();
+  for (int i = 0; i < Config::kBlockN / 2; ++i) asm volatile("" : "+f"(acc.d[i])::"memory");
 }
 
-// Accumulator element r of this thread: row and column inside the tile (m64nNk16 fragment layout).
+// Accumulator element r of a consumer thread: row and column inside the tile (m64nNk16 fragment layout; consumer
+// warpgroup w owns rows [64 w, 64 w + 64)).
 __device__ __forceinline__ int acc_row(int r) {
-  const int wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
+  const int ct = threadIdx.x - Config::kProducerThreads;
+  const int wg = ct / 128, w4 = (ct / 32) % 4, lane = ct & 31;
   return wg * 64 + w4 * 16 + (lane >> 2) + (((r & 3) >> 1) << 3);
 }
 __device__ __forceinline__ int acc_col(int r) { return (r >> 2) * 8 + ((threadIdx.x & 3) << 1) + (r & 1); }
 
-// GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (gemm0_tile
-// fills them so), so every thread holds gate and up of the same h column in accumulators r and
-// r + kBlockN / 4: SwiGLU stays in registers.
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
-// Stage SwiGLU(acc) as bf16 [BM][kHalfN] into smem (row stride kEpiStride).
-__device__ __forceinline__ void stage_swiglu(const TileAcc& acc, bf16* s_out) {
-  constexpr int kUp = Config::kBlockN / 4;  // accumulator offset of the up half
-#pragma unroll
-  for (int r = 0; r < kUp; r += 2) {
-    const float g0 = acc.d[r], g1 = acc.d[r + 1], u0 = acc.d[r + kUp], u1 = acc.d[r + kUp + 1];
-    *reinterpret_cast<__nv_bfloat162*>(s_out + acc_row(r) * Config::kEpiStride + acc_col(r)) =
-        __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
-  }
+// The epilogue staging buffer: kBlockM rows of kStageCols bf16, each row padded by 16 bytes (kStagingRow bytes =
+// 68 words, so the 8 rows a warp writes per accumulator pair start 4 banks apart: conflict-free; a pair's address
+// is the thread's base plus a compile-time offset, so no per-element address stays live in registers).
+__device__ __forceinline__ uint32_t staging_offset(int row, int col) {
+  return static_cast<uint32_t>(row * Config::kStagingRow + col * 2);
 }
 
-// Stage acc as bf16 [BM][BN] into smem.
-__device__ __forceinline__ void stage_plain(const TileAcc& acc, bf16* s_out) {
+// GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (the producer
+// loads them so), so every thread holds gate and up of the same h column in accumulators r and r + kBlockN / 4:
+// SwiGLU stays in registers.
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// A thread's outputs as bf16 pairs: pair j holds accumulators (2j, 2j + 1), i.e. row acc_row(2j), columns
+// acc_col(2j) and + 1. Packing first halves the registers the epilogue holds across its barriers (the 128 fp32
+// accumulators are dead once packed).
+struct TileOut {
+  uint32_t v[Config::kBlockN / 4];
+};
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// GEMM1: all 64 pairs.
+__device__ __forceinline__ void pack_plain(const TileAcc& acc, TileOut& out) {
 #pragma unroll
-  for (int r = 0; r < Config::kBlockN / 2; r += 2)
-    *reinterpret_cast<__nv_bfloat162*>(s_out + acc_row(r) * Config::kEpiStride + acc_col(r)) =
-        __floats2bfloat162_rn(acc.d[r], acc.d[r + 1]);
+  for (int j = 0; j < Config::kBlockN / 4; ++j) out.v[j] = pack_bf16x2(acc.d[2 * j], acc.d[2 * j + 1]);
+}
+// GEMM0: pairs [0, 32) = SwiGLU(gate, up) of h columns [0, kHalfN).
+__device__ __forceinline__ void pack_swiglu(const TileAcc& acc, TileOut& out) {
+  constexpr int kUp = Config::kBlockN / 4;  // accumulator offset of the up half
+#pragma unroll
+  for (int j = 0; j < kUp / 2; ++j) {
+    const int r = 2 * j;
+    out.v[j] = pack_bf16x2(silu(acc.d[r]) * acc.d[r + kUp], silu(acc.d[r + 1]) * acc.d[r + kUp + 1]);
+  }
+}
+// Stage pairs [kFirst, kFirst + 32) (tile columns [4 kFirst, 4 kFirst + 128)) as bf16 [BM][kStageCols].
+template <int kFirst>
+__device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging) {
+  constexpr int kPairs = Config::kStageCols / 4;  // 32 pairs of a thread cover 128 tile columns
+  uint8_t* base = staging + staging_offset(acc_row(0), acc_col(0));
+#pragma unroll
+  for (int j = kFirst; j < kFirst + kPairs; ++j)  // pair j: row + 8 (j & 1), column 8 (j / 2) (acc_row / acc_col)
+    *reinterpret_cast<uint32_t*>(base + (j & 1) * 8 * Config::kStagingRow + ((j - kFirst) >> 1) * 16) = out.v[j];
 }
 
 }  // namespace weave
