@@ -38,7 +38,7 @@ struct Config {
   static constexpr int kSmemCtrlBytes = 1536;                  // slots + pipeline state (pipeline.cuh checks)
   static constexpr int kSmemDynamic = kSmemSlotOffset + kSmemCtrlBytes + 1024;  // + slack to align the base
   static constexpr int kBoxRows = 128;                         // weight rows per TMA box (two boxes per B stage)
-  static constexpr int kCopyUnroll = 8;                        // 16-byte loads in flight per thread
+  static constexpr int kCopyUnroll = 4;                        // 16-byte loads in flight per thread
   static constexpr int kAChunks = kBlockM * kBlockK / 8 / kProducerThreads;  // A chunks per producer thread
 
   static_assert(kProducerThreads + kConsumerThreads == kThreads, "producer + consumer warpgroups = the CTA");
