@@ -37,7 +37,22 @@ def test_whatif_simulates_both_variants():
     out = whatif_result(_result(top_k=4), load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
     sent = out["dispatch_rows_sent"]
     assert sent["distinct"] < sent["pairs"]
-    for variant in ("as_built", "dedup"):
-        assert all(t > 0 for t in out[variant].values())
+    for side in ("as_built", "changed"):
+        assert all(t > 0 for t in out[side].values())
     assert out["bound_ms"] > 0
     assert out["measured_ms"] == {"kernel:static:20": 0.1, "kernel:weave": 0.09}
+
+
+def test_whatif_faster_gemm_is_never_slower_and_bad_variant_is_named():
+    import pytest
+
+    from weave_kernel.whatif import parse_variant
+
+    r = _result(top_k=4, tokens=1024)
+    out = whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0, variant="gemm:1.5")
+    for p in out["as_built"]:
+        assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
+    assert out["dispatch_rows_sent"]["distinct"] == out["dispatch_rows_sent"]["pairs"]  # dispatch unchanged
+    for bad in ("gemm:0", "gemm:x", "fast"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            parse_variant(bad)
