@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="kernel_bench.json")
     ap.add_argument("--trace", default="", help="write a Chrome trace of the first config")
+    ap.add_argument("--ab-csrc", default="",
+                    help="also build the kernel sources in this folder and time them against the package's, "
+                         "alternating calls in this process (A/B without drift between processes)")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     return ap.parse_args(argv)
 
@@ -120,9 +123,13 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     H, I = model.hidden_size, model.expert_ffn_size
     w13 = (torch.randn(e_loc, 2 * I, H, device=dev, generator=gen) / H**0.5).to(torch.bfloat16)
     w2 = (torch.randn(e_loc, H, I, device=dev, generator=gen) / I**0.5).to(torch.bfloat16)
-    layer = MoEMegakernel(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k,
-                          placement=placement, max_tokens=max_tokens, timeline_per_cta=4096 if args.trace else 0,
-                          cost_profile=args.cost_profile)
+    kw = dict(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k, placement=placement,
+              max_tokens=max_tokens, cost_profile=args.cost_profile)
+    layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
+    if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
+        from .build import load_extension
+
+        layer.ab_other = MoEMegakernel(**kw, ext=load_extension(csrc=args.ab_csrc))
     return layer, w13, w2
 
 
@@ -167,6 +174,9 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                        args.calls_per_rep)
         layer.raise_if_error()
         res["latency_ms"][pol] = max_over_ranks(ms)
+        other = getattr(layer, "ab_other", None)
+        if other is not None:
+            res.setdefault("ab", {})[pol] = ab_times(layer, other, pol, (x, ids_d, w_d, w13, w2), y_ref, args)
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
     res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
 
@@ -216,6 +226,36 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                                {"model": model.name, "tokens_per_gpu": n, "policy": best})
         args.trace = ""
     return res
+
+
+def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
+    """--ab-csrc: the other kernel version (B) checked against the reference, then A (the package's kernel) and B
+    timed in alternation, one warm-up call before each repetition of each, so that both see the same GPU state;
+    medians over args.repeats, slowest rank."""
+    y = other(*inputs, policy=pol)  # checked call
+    err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
+    fa = lambda: layer(*inputs, policy=pol, check=False)  # noqa: E731
+    fb = lambda: other(*inputs, policy=pol, check=False)  # noqa: E731
+    ta, tb = [], []
+    for _ in range(args.repeats):
+        ta.append(time_call(fa, 1, 1, args.calls_per_rep))
+        tb.append(time_call(fb, 1, 1, args.calls_per_rep))
+    layer.raise_if_error()
+    other.raise_if_error()
+    a, b = max_over_ranks(float(np.median(ta))), max_over_ranks(float(np.median(tb)))
+    return {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
+
+
+def ab_summary(rows: list[dict]) -> str:
+    """Geomean of t(A) / t(B) per policy over the configurations (above 1: B faster)."""
+    pols = sorted({p for r in rows for p in r.get("ab", {})})
+    lines = [f"interleaved A/B (A = this package's kernel, B = --ab-csrc): geomean t(A) / t(B), above 1 = B faster"]
+    for p in pols:
+        v = [r["ab"][p]["a_over_b"] for r in rows if p in r.get("ab", {})]
+        worst = max(r["ab"][p]["b_rel_err_vs_reference"] for r in rows if p in r.get("ab", {}))
+        lines.append(f"  {p:<12} {float(np.exp(np.mean(np.log(v)))):.3f}x over {len(v)} configs "
+                     f"(range {min(v):.3f}-{max(v):.3f}; B's worst rel. error {worst:.1e})")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict], header: str) -> str:
@@ -335,6 +375,8 @@ def main(argv=None) -> int:
         geo_prefill = geomean([r["speedup_best_static"] for r in rows if r["tokens_per_gpu"] >= 2048])
         lb4096 = [r["fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096]
         print(format_table(rows, header))
+        if args.ab_csrc:
+            print(ab_summary(rows))
         print(f"geomean speedup of best static:C over the reference: {geo:.2f}x (all), {geo_prefill:.2f}x "
               f"(>= 2048 tokens per GPU); fraction of the lower bound at 4096: "
               + (f"mean {np.mean(lb4096):.2f}, min {np.min(lb4096):.2f}" if lb4096 else "n/a"))

@@ -108,7 +108,9 @@ class MoEMegakernel:
 
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None):
+        """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
+        package's own."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -127,7 +129,7 @@ class MoEMegakernel:
         self.max_tokens = max_tokens
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.timeout_ns = int(timeout_s * 1e9)
-        self.ext = load_extension()
+        self.ext = ext if ext is not None else load_extension()
         self.num_ctas = self.ext.max_ctas(self.device.index)
         if self.num_ctas <= 0:
             raise RuntimeError("the megakernel does not fit one CTA per SM on this device")

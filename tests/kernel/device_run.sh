@@ -37,7 +37,7 @@ if has sanitize && (( SECONDS < ${SAN_BEFORE_S:-1000000} )); then
   for tool in memcheck racecheck; do
     timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --report-api-errors no --target-processes all torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --sanitize > /tmp/sanitize_$tool.log 2>&1
     echo "sanitize $tool rc $? [${SECONDS}s]" | tee -a $OUT/sanitize.log
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY|PASS|FAIL|Invalid|Race" /tmp/sanitize_$tool.log | head -20 >> $OUT/sanitize.log
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SUMMARY|PASS|FAIL|Invalid|Race|access at" /tmp/sanitize_$tool.log | head -40 >> $OUT/sanitize.log
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL" /tmp/sanitize_$tool.log | head -3
     (( SECONDS < ${SAN_BEFORE_S:-1000000} )) || break
   done

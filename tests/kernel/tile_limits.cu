@@ -16,11 +16,16 @@
 //   mode 9  mode 7 with 3 stages (what fits beside the megakernel's shared-memory tables)
 //   mode 10 mode 7 with A gathered by the 128 producer threads (cp.async per row pointer, completion counted on
 //           the stage's full barrier with cp.async.mbarrier.arrive.noinc), as GEMM0's own token rows need
+//   mode 11 mode 10 + an epilogue: the consumers keep the tile's last stage, stage the outputs there as bf16 in two
+//           128-column halves (272-byte rows) and copy them to C in 16-byte stores (the branch ws-pipeline's)
+//   mode 12 mode 11 with the copy-out done by the copy engine (one bulk copy per 256-byte row from one warp, the
+//           consumers waiting until the stage has been read)
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. Modes 0-3 keep a private copy of the old cp.async loader.
-// Every mode writes each tile's accumulator sums per thread; modes 4 and 6 must match mode 0 bit for bit.
+// Every mode writes each tile's accumulator sums per thread, which must match mode 0 bit for bit; modes 11 and 12
+// must store the same C, every element (poisoned before each run).
 // Standalone, not part of the package:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr \
-//        -I weave_kernel/csrc tests/kernel/tile_limits.cu -o tile_limits && ./tile_limits [K, default 4096]
+//        -I weave_kernel/csrc tests/kernel/tile_limits.cu -o tile_limits && ./tile_limits [K [E rows]]
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -298,11 +303,43 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <bool MC, int kWsStages, bool GATHER>
+// Mode 11's epilogue, in the shape the megakernel's warp-specialised branch used: the tile's last stage is held,
+// the accumulators go into it as bf16 (128 x 128 halves, 272-byte rows) and are copied out in 16-byte stores.
+template <int kHalf>
+__device__ __forceinline__ void ws_stage_half(const TileAcc& acc, uint8_t* st, int ct) {
+  const int row = (ct / 128) * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2);
+#pragma unroll
+  for (int r = 64 * kHalf; r < 64 * kHalf + 64; r += 2) {
+    const int rr = row + (((r & 3) >> 1) << 3), col = (r >> 2) * 8 + ((ct & 3) << 1) - 128 * kHalf;
+    *reinterpret_cast<__nv_bfloat162*>(st + rr * 272 + col * 2) = __floats2bfloat162_rn(acc.d[r], acc.d[r + 1]);
+  }
+}
+__device__ __forceinline__ void ws_copy_half(const uint8_t* st, bf16* out, int ld, int ct) {
+  for (int c = ct; c < 128 * 16; c += 256) {
+    const int m = c / 16, ch = c % 16;
+    *reinterpret_cast<int4*>(out + static_cast<int64_t>(m) * ld + ch * 8) =
+        *reinterpret_cast<const int4*>(st + m * 272 + ch * 16);
+  }
+}
+
+// Mode 12: the same halves copied out by the copy engine (one bulk copy per 256-byte row, issued by one warp),
+// the consumers waiting only until the engine has read the stage.
+__device__ __forceinline__ void ws_bulk_half(uint8_t* st, bf16* out, int ld, int ct) {
+  if (ct < 32) {
+    for (int m = ct; m < 128; m += 32)
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 256;" ::"l"(out + static_cast<int64_t>(m) * ld),
+                   "r"(smem_u32(st + m * 272))
+                   : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+}
+
+template <bool MC, int kWsStages, bool GATHER, int EPI = 0>
 __global__ void __launch_bounds__(kWsThreads, 1)
     tiles_kernel_ws(const bf16* a_base, float* sink, int E, int rows, int N, int K, unsigned long long* t,
                     const __grid_constant__ Params p, const __grid_constant__ TensorMapBytes a_map,
-                    const __grid_constant__ TensorMapBytes b_map) {
+                    const __grid_constant__ TensorMapBytes b_map, bf16* out = nullptr) {
   extern __shared__ __align__(1024) uint8_t raw[];
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsStages * C::kSmemStage);
@@ -411,6 +448,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (k > 0) release((it - 1) % kWsStages);
       }
       wgmma_wait<0>();
+      if constexpr (EPI) {
+        uint8_t* st = smem + ((it - 1) % kWsStages) * C::kSmemStage;
+        bf16* o = out + (static_cast<int64_t>(e) * rows + rb * C::kBlockM) * N + cb * C::kBlockN;
+        fence_proxy_async_smem();
+        named_sync(3, 256);  // both warpgroups' MMAs are done with the held stage
+        ws_stage_half<0>(acc, st, ct);
+        if (EPI == 2) fence_proxy_async_smem();  // generic writes before the copy engine reads them
+        named_sync(3, 256);
+        if (EPI == 1) ws_copy_half(st, o, N, ct); else ws_bulk_half(st, o, N, ct);
+        named_sync(3, 256);
+        ws_stage_half<1>(acc, st, ct);
+        if (EPI == 2) fence_proxy_async_smem();
+        named_sync(3, 256);
+        if (EPI == 1) ws_copy_half(st, o + 128, N, ct); else ws_bulk_half(st, o + 128, N, ct);
+        named_sync(3, 256);
+        fence_proxy_async_smem();
+      }
       release((it - 1) % kWsStages);
       float keep = 0.f;
 #pragma unroll
@@ -448,6 +502,7 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   } while (0)
 
 static TensorMapBytes g_a_map;  // A as [1][E * rows][K] (modes 7 and 8)
+static bf16* g_out;              // C [E * rows][N] (mode 11)
 
 template <int MODE>
 int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
@@ -455,7 +510,7 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
     if constexpr (MODE >= 7) {
-      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE == 10>;
+      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10, MODE >= 11 ? MODE - 10 : 0>;
       constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
       CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
       cudaLaunchConfig_t cfg{};
@@ -469,7 +524,7 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
       attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map));
+      CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
     } else if constexpr (MODE == 6) {
       CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemDynamic));
       cudaLaunchConfig_t cfg{};
@@ -517,10 +572,13 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
 }
 
 int main(int argc, char** argv) {
-  // 1024 tiles of 128 x 256 x K; K (a multiple of 64) from the command line, default 4096
-  const int E = 4, rows = 2048, N = 4096, K = argc > 1 ? std::atoi(argv[1]) : 4096;
-  if (K < 64 || K % 64 != 0) {
-    std::printf("K must be a positive multiple of 64\n");
+  // E experts x rows x N=4096 outputs, tiles of 128 x 256 x K: `./tile_limits [K [E rows]]`, default 4096 4 2048
+  // (1024 tiles, 16 row blocks per weight tile); E 64 rows 256 gives MoE-like weight reuse (2 row blocks per
+  // weight tile, most weight stages from HBM)
+  const int N = 4096, K = argc > 1 ? std::atoi(argv[1]) : 4096;
+  const int E = argc > 3 ? std::atoi(argv[2]) : 4, rows = argc > 3 ? std::atoi(argv[3]) : 2048;
+  if (K < 64 || K % 64 != 0 || E < 1 || rows < 256 || rows % 256 != 0) {
+    std::printf("K must be a positive multiple of 64, E >= 1, rows a positive multiple of 256 (pairs of blocks)\n");
     return 1;
   }
   bf16 *a, *b;
@@ -533,6 +591,7 @@ int main(int argc, char** argv) {
   CK(cudaDeviceSynchronize());
   const size_t sink_len = static_cast<size_t>(E) * (rows / C::kBlockM) * (N / C::kBlockN) * 256;  // per tile, thread
   CK(cudaMalloc(&sink, sink_len * 4));
+  CK(cudaMalloc(&g_out, static_cast<size_t>(E) * rows * N * 2));
   CK(cudaMalloc(&t, 2 * 1024 * 8));
   Params p{};
   CK(cudaMalloc(&p.err, 4 * sizeof(int32_t)));
@@ -545,11 +604,11 @@ int main(int argc, char** argv) {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[11] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[13] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
-                           "warp-spec., A gathered (cp.async)"};
-  double r[11][3] = {};
+                           "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores"};
+  double r[13][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -557,14 +616,19 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(s0.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
   double mag = 0.0;
   for (size_t i = 0; i < sink_len; ++i) mag += s0[i] < 0 ? -s0[i] : s0[i];
-  for (int m : {4, 6, 7, 8, 9, 10}) {
+  const size_t out_len = static_cast<size_t>(E) * rows * N;
+  std::vector<uint16_t> o11(out_len), o12(out_len);
+  for (int m : {4, 6, 7, 8, 9, 10, 11, 12}) {
     CK(cudaMemset(sink, 0xFF, sink_len * 4));  // poisoned: a tile that is not computed shows up as NaN
+    CK(cudaMemset(g_out, 0xFF, out_len * 2));
     const int rc = m == 4   ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
                    : m == 6 ? run<6>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[6][0])
                    : m == 7 ? run<7>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[7][0])
                    : m == 8 ? run<8>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[8][0])
                    : m == 9 ? run<9>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[9][0])
-                            : run<10>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[10][0]);
+                   : m == 10 ? run<10>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[10][0])
+                   : m == 11 ? run<11>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[11][0])
+                             : run<12>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[12][0]);
     if (rc) return 1;
     CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
     size_t diff = 0;
@@ -572,7 +636,16 @@ int main(int argc, char** argv) {
     std::printf("mode %d vs mode 0 accumulator sums: %zu of %zu differ (mean |sum| %.3g)\n", m, diff, sink_len,
                 mag / sink_len);
     if (diff != 0) return 1;
+    if (m == 11 || m == 12) CK(cudaMemcpy(m == 11 ? o11.data() : o12.data(), g_out, out_len * 2, cudaMemcpyDeviceToHost));
   }
+  // modes 11 and 12 store the same bf16 outputs, every element written (0xFFFF, a NaN, is the poison)
+  size_t odiff = 0, poisoned = 0;
+  for (size_t i = 0; i < out_len; ++i) {
+    odiff += o11[i] != o12[i];
+    poisoned += o11[i] == 0xFFFFu;
+  }
+  std::printf("modes 11/12 outputs: %zu of %zu differ, %zu unwritten\n", odiff, out_len, poisoned);
+  if (odiff != 0 || poisoned != 0) return 1;
   for (int g = 0; g < 3; ++g) {
     if (g > 0 && run<0>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[0][g])) return 1;
     if (run<1>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[1][g])) return 1;
@@ -584,9 +657,12 @@ int main(int argc, char** argv) {
     if (g > 0 && run<8>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[8][g])) return 1;
     if (g > 0 && run<9>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[9][g])) return 1;
     if (g > 0 && run<10>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[10][g])) return 1;
+    if (g > 0 && run<11>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[11][g])) return 1;
+    if (g > 0 && run<12>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[12][g])) return 1;
   }
-  std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, 1024 tiles, best of 5)\n", K);
+  std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
+              rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
   return 0;
 }

@@ -9,8 +9,12 @@ import numpy as np
 
 from weave_sim.traces.format import RoutingTrace, TraceError, load_trace
 
-#: The repository's data folder: weave_sim/traces/shipped.py -> parents[2] is the repository root.
-TRACES_DIR = Path(__file__).resolve().parents[2] / "traces"
+#: The data folder: the checkout's top-level traces/ (weave_sim/traces/shipped.py -> parents[2] is the repository
+#: root; editable installs and source trees), else the copy a wheel installs as weave_sim/_shipped_traces
+#: (pyproject.toml maps traces/ there, with its README, NOTICE and license).
+_CHECKOUT_TRACES = Path(__file__).resolve().parents[2] / "traces"
+_INSTALLED_TRACES = Path(__file__).resolve().parents[1] / "_shipped_traces"
+TRACES_DIR = _CHECKOUT_TRACES if (_CHECKOUT_TRACES / "README.md").exists() else _INSTALLED_TRACES
 
 #: 12k decode tokens of complete GPT-OSS-20B requests (traces/make_subset.py builds it).
 DEFAULT_TRACE = TRACES_DIR / "gpt-oss-20b-subset.npz"
@@ -24,8 +28,8 @@ _PROFILE_MODELS = {"allenai/OLMoE-1B-7B-0924": "olmoe-1b-7b", "mistralai/Mixtral
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        raise TraceError(f"shipped data file missing: {path}. It lives in the repository's traces/ folder; "
-                         f"run from a full checkout (pip install -e .) rather than a bare wheel")
+        raise TraceError(f"shipped data file missing: {path}. It lives in the repository's traces/ folder, which "
+                         f"installs as weave_sim/_shipped_traces; reinstall the package (pip install .)")
     return path
 
 

@@ -1,0 +1,30 @@
+"""bench --ab-csrc pieces that run without a GPU: the other build's name and its missing-sources error, and the
+interleaved A/B summary."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from weave_kernel.bench import ab_summary
+from weave_kernel.build import CSRC, load_extension, other_name
+
+
+def test_other_build_has_its_own_module_name_and_needs_sources(tmp_path):
+    assert other_name(CSRC) != "weave_moe_ext" and other_name(CSRC).startswith("weave_moe_ext_")
+    assert other_name(CSRC) == other_name(Path(str(CSRC)))
+    assert other_name(tmp_path) != other_name(CSRC)
+    with pytest.raises(FileNotFoundError, match="binding.cpp"):
+        load_extension(csrc=tmp_path)
+
+
+def test_ab_summary_geomean_and_worst_error():
+    rows = [{"ab": {"weave": {"a_over_b": 1.21, "b_rel_err_vs_reference": 5e-3},
+                    "static:20": {"a_over_b": 1.0, "b_rel_err_vs_reference": 4e-3}}},
+            {"ab": {"weave": {"a_over_b": 1 / 1.1, "b_rel_err_vs_reference": 6e-3}}},
+            {"latency_ms": {}}]
+    text = ab_summary(rows)
+    weave = next(line for line in text.splitlines() if "weave" in line)
+    assert "1.049x over 2 configs" in weave  # sqrt(1.21 / 1.1)
+    assert "0.909-1.210" in weave and "6.0e-03" in weave
+    assert "1.000x over 1 configs" in next(line for line in text.splitlines() if "static:20" in line)

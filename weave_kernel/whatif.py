@@ -1,0 +1,148 @@
+"""What the simulator predicts for a kernel variant not built yet, on the configurations of a kernel benchmark.
+
+Variants (--variant):
+  dedup     dispatch sends each token once per destination GPU instead of once per (token, expert) pair (the
+            owner's GEMM0 would gather a pair's row from the token's one copy). The benchmark's routing is rebuilt
+            from its seed (as weave_kernel.recount does), the distinct (token, destination) rows replace the pair
+            rows in the dispatch streams, and an expert's rows are spread over the whole stream ('token' order: a
+            row block waits for tokens from all of it, not for one contiguous piece). Combine stays per pair.
+  gemm:S    every GEMM tile S times faster inside the layer (the profile's per-SM rates x S, peak capped by the
+            base profile's): what a faster tile would be worth once dispatch, waits and the fixed phases stay.
+Both sides are simulated under the engine's model of the kernel with the same profile, so the ratio is what the
+simulator expects the change to gain (its held-out error on the kernel as built is in docs/results.md).
+
+    python -m weave_kernel.whatif docs/results/kernel_bench_B_tma2.json [--variant dedup|gemm:1.2]
+
+CPU only; needs no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from weave_sim.costmodel import Volumes, lower_bound_ns
+from weave_sim.engine import simulate_layer
+from weave_sim.placement import contiguous
+from weave_sim.presets import ModelPreset
+from weave_sim.calibrate import scaled_profile
+from weave_sim.profile import load_profile, profile_from_dict
+from weave_sim.validate import kernel_options
+from weave_sim.workload import workload_from_counts
+
+from .routing import skewed_routing
+
+POLICIES = ("kernel:static:20", "kernel:weave")
+
+
+def distinct_dispatch_rows(result: dict, seed: int, zipf_s: float) -> np.ndarray:
+    """[G_src, G_dst]: tokens of src with at least one of their top-k experts on dst (the benchmark's routing)."""
+    world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
+    owner = contiguous(experts, world).owner
+    rows = np.zeros((world, world), dtype=np.int64)
+    for rank in range(world):
+        ids, _ = skewed_routing(n, experts, top_k, seed=seed * 100003 + rank * 7 + n, zipf_s=zipf_s)
+        needs = np.zeros((n, world), dtype=bool)
+        needs[np.repeat(np.arange(n), top_k), owner[ids.ravel()]] = True
+        rows[rank] = needs.sum(axis=0)
+    return rows
+
+
+def gemm_scaled(profile, speedup: float):
+    """`profile` with every per-SM GEMM rate x speedup (the chip's peak is left as it is)."""
+    raw = profile.raw
+    prof = scaled_profile(raw, speedup, 1.0, raw["fixed_ns"]["count_exchange"] / 1e3)
+    prof["gemm"]["peak_tflops"] = raw["gemm"]["peak_tflops"]
+    return profile_from_dict(prof, origin=f"{profile.name} x{speedup} GEMM")
+
+
+def parse_variant(text: str) -> tuple[str, float]:
+    if text == "dedup":
+        return "dedup", 1.0
+    if text.startswith("gemm:"):
+        try:
+            s = float(text.split(":", 1)[1])
+        except ValueError:
+            s = 0.0
+        if s > 0:
+            return "gemm", s
+    raise ValueError(f"unknown variant {text!r}: use 'dedup' or 'gemm:S' with S > 0 (e.g. gemm:1.2)")
+
+
+def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str = "dedup") -> dict:
+    kind, speedup = parse_variant(variant)
+    c = result["counts"]
+    model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
+                        int(result["top_k"]), 0, 1)
+    placement = contiguous(model.num_experts, int(result["gpus"]))
+    pairs = np.asarray(c["source_expert_pairs"], dtype=np.int64)
+    as_built = workload_from_counts(pairs, c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
+    distinct = distinct_dispatch_rows(result, seed, zipf_s)
+    opts = kernel_options(result)
+    if kind == "dedup":
+        changed = workload_from_counts(pairs, distinct, model, placement, c["tokens_per_gpu"])
+        changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
+    else:
+        changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
+    out = {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "variant": variant,
+           "measured_ms": {p: result["latency_ms"].get(p.split(":", 1)[1]) for p in POLICIES},
+           "dispatch_rows_sent": {"pairs": int(as_built.dispatch_rows_out.sum()),
+                                  "distinct": int(changed.dispatch_rows_out.sum())}}
+    for name, w, o, prof in (("as_built", as_built, opts, profile), ("changed", changed, changed_opts, changed_profile)):
+        out[name] = {p: simulate_layer(w, prof, p, **o).latency_ns / 1e6 for p in POLICIES}
+    # the benchmark's bound (distinct token rows, profile h200), or the same computed here
+    bound = result.get("lower_bound_ms")
+    if bound is None:
+        h200 = load_profile("h200")
+        w = workload_from_counts(pairs, distinct, model, placement, c["tokens_per_gpu"])
+        bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
+    out["bound_ms"] = float(bound)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
+    ap.add_argument("--profile", default="h200-megakernel")
+    ap.add_argument("--variant", default="dedup", help="dedup, or gemm:S (tiles S times faster)")
+    ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    data = json.loads(args.bench.read_text())
+    cfg = data.get("config", {})
+    seed, zipf_s = int(cfg.get("seed", 0)), float(cfg.get("zipf", 1.0))
+    keep = {int(t) for t in args.tokens.split(",") if t}
+    try:
+        parse_variant(args.variant)
+    except ValueError as exc:
+        ap.error(str(exc))
+    profile = load_profile(args.profile)
+    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in data["results"]
+            if "counts" in r and (not keep or int(r["tokens_per_gpu"]) in keep)]
+    what = ("dispatch de-duplicated per destination GPU" if args.variant == "dedup"
+            else f"GEMM tiles {parse_variant(args.variant)[1]}x faster")
+    print(f"simulator ({args.profile}): the kernel as built vs {what}")
+    print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
+          f"{'gain':>6} {'weave/bound':>13}")
+    for r in rows:
+        a, d = r["as_built"], r["changed"]
+        sent = f"{r['dispatch_rows_sent']['pairs']}->{r['dispatch_rows_sent']['distinct']}"
+        print(f"{r['model']:>17} {r['tokens_per_gpu']:>6} {sent:>17} "
+              f"{a['kernel:weave']:>8.3f}->{d['kernel:weave']:<7.3f} {a['kernel:weave'] / d['kernel:weave']:>6.3f} "
+              f"{a['kernel:static:20']:>8.3f}->{d['kernel:static:20']:<7.3f} "
+              f"{a['kernel:static:20'] / d['kernel:static:20']:>6.3f} "
+              f"{r['bound_ms'] / a['kernel:weave']:>6.1%}->{r['bound_ms'] / d['kernel:weave']:<6.1%}")
+    gains = [r["as_built"]["kernel:weave"] / r["changed"]["kernel:weave"] for r in rows]
+    if gains:
+        print(f"geomean predicted gain of {args.variant} under weave: "
+              f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}x over {len(gains)} configurations")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
