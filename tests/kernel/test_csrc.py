@@ -26,8 +26,11 @@ def test_launcher_compiles_for_sm90a(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "spill" in r.stderr
     spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    # the 128 wgmma accumulators stay in registers (nvcc 13.0: 235 registers, no spills)
-    assert spills and max(spills) <= 64, r.stderr
+    # the 128 wgmma accumulators stay in registers. ws-pipeline: 384 threads leave 168 registers per thread
+    # (setmaxnreg faulted, docs/kernel.md on main) and ptxas spills ~200 bytes, in cold code (copy_rows, the timeline
+    # writer, spin loops: nvdisasm --print-line-info), none in the MMA loop; a spilled accumulator would show up
+    # as far more, and as serialised wgmma below
+    assert spills and max(spills) <= 256, r.stderr
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)]
     assert regs and max(regs) <= 255, r.stderr
     # wgmma must not be serialised: C7510 (e.g. missing -DNDEBUG), C7518 (a wgmma under a thread-dependent

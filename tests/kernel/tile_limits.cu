@@ -4,7 +4,8 @@
 //   mode 1  A + half of B by cp.async (the L2 bytes a CTA would read if B were multicast over a 2-CTA cluster)
 //   mode 2  A only by cp.async
 //   mode 3  nothing loaded (MMAs, barriers and the pipeline's waits alone: the mainloop's own ceiling)
-//   mode 4  the shipped tile_mainloop (wgmma.cuh): A by cp.async, B by two TMA boxes per stage
+//   mode 4  main's 256-thread tile_mainloop (copied into the legacy namespace below on this branch): A by
+//           cp.async, B by two TMA boxes per stage
 //   mode 6  a 2-CTA cluster runs two row blocks of the same weight tile: each CTA loads one of the two B boxes
 //           and multicasts it to both (half the L2 reads of B per CTA, the same bytes into each SM), a cross-CTA
 //           "empty" mbarrier per stage; A by cp.async (what the megakernel could do with CTA-pair tickets)
@@ -35,6 +36,177 @@
 
 using namespace weave;
 
+// ---- the 256-thread tile of main (before the warp-specialised pipeline), kept here for modes 0-6 -----------
+// Its own constants: 8 warps, 3 stages, the stage barriers right after the stages. The rest of Config (tile and
+// stage sizes) is the same in both kernels.
+namespace legacy {
+struct L {
+  static constexpr int kThreads = 256;
+  static constexpr int kStages = 3;
+  static constexpr int kSmemPipe = kStages * Config::kSmemStage;
+  static constexpr int kSmemBarOffset = kSmemPipe;
+  static constexpr int kSmemBarBytes = 64;
+  static constexpr int kSmemDynamic = kSmemPipe + kSmemBarBytes + 1024;
+};
+// Lives right after the pipeline stages in dynamic shared memory (L::kSmemBarOffset).
+struct PipeBarriers {
+  uint64_t full[L::kStages];  // completed once per use of the stage: 32 KB of B landed
+  uint32_t phase;                  // bit s: parity of stage s's next completion (thread 0 writes it back)
+};
+static_assert(sizeof(PipeBarriers) <= L::kSmemBarBytes, "PipeBarriers must fit its smem slot");
+
+__device__ __forceinline__ PipeBarriers* pipe_barriers(uint8_t* smem) {
+  return reinterpret_cast<PipeBarriers*>(smem + L::kSmemBarOffset);
+}
+
+// Thread 0 once per launch, before any tile; the caller follows with __syncthreads.
+__device__ __forceinline__ void init_pipe_barriers(uint8_t* smem) {
+  if (threadIdx.x != 0) return;
+  PipeBarriers* b = pipe_barriers(smem);
+#pragma unroll
+  for (int s = 0; s < L::kStages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&b->full[s])) : "memory");
+  b->phase = 0;
+  // make the initialised barriers visible to the async proxy (the copy engine completes them)
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Operands of one tile, resolved once per tile. A: a pointer per A row this thread copies every stage (rows may
+// be gathered from different tensors: a GEMM0 block mixes the owner's own token rows, read from x, with received
+// rows) and a valid bit per row. B: a 3-D weight tensor map and the (row, z) coordinates of its two boxes; box i
+// fills tile rows [kBoxRows i, kBoxRows (i + 1)) at k0 (rows past the tensor's end arrive as zeros).
+struct TileOperands {
+  static constexpr int kAChunks = C::kBlockM * C::kBlockK / 8 / L::kThreads;  // 4
+  static_assert(kAChunks <= 32, "valid bits live in one word");
+  const bf16* a_base;  // base of set_a's offsets (and the harmless address of invalid rows)
+  const bf16* a_row[kAChunks];
+  uint32_t valid;      // bit i: A chunk i
+  const void* b_map;   // TensorMapBytes in the kernel's __grid_constant__ arguments
+  int32_t b_y[2], b_z[2];
+  __device__ __forceinline__ void set_a(int i, bool ok, int64_t off) { set_a_row(i, ok, a_base + (ok ? off : 0)); }
+  __device__ __forceinline__ void set_a_row(int i, bool ok, const bf16* row) {
+    a_row[i] = ok ? row : a_base;
+    valid |= ok ? 1u << i : 0u;
+  }
+};
+
+// Operands of a tile whose A rows are contiguous: out[m, n] = sum_k a_rows[m * K + k] * B_z[n, k] for the first
+// num_rows rows and the kBlockN columns [col * kBlockN, ...) of weight matrix z of b_map (GEMM1 over h, the
+// calibration tiles).
+__device__ __forceinline__ TileOperands plain_tile_operands(const bf16* a_rows, const void* b_map, int z,
+                                                            int num_rows, int K, int col) {
+  TileOperands op;
+  op.valid = 0;
+  op.a_base = a_rows;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int m = (threadIdx.x + i * L::kThreads) >> 3;
+    op.set_a(i, m < num_rows, static_cast<int64_t>(m) * K);
+  }
+  op.b_map = b_map;
+  op.b_y[0] = col * C::kBlockN;
+  op.b_y[1] = col * C::kBlockN + C::kBoxRows;
+  op.b_z[0] = op.b_z[1] = z;
+  return op;
+}
+
+// All threads: this thread's A chunks of the stage (cp.async, one commit group per stage by the caller).
+__device__ __forceinline__ void load_stage_a(const TileOperands& op, uint8_t* smem, int stage, int k0) {
+  uint8_t* sa = smem + stage * C::kSmemStage;
+#pragma unroll
+  for (int i = 0; i < TileOperands::kAChunks; ++i) {
+    const int c = threadIdx.x + i * L::kThreads;
+    const int row = c >> 3, chunk = c & 7;
+    const bool ok = (op.valid >> i) & 1u;
+    const bf16* src = op.a_row[i] + (ok ? k0 + chunk * 8 : 0);
+    cp_async_16(smem_u32(sa + swz(row, chunk)), src, ok);
+  }
+}
+
+// Thread 0: arm the stage's full barrier with the B bytes and start both boxes.
+__device__ __forceinline__ void issue_stage_b(const TileOperands& op, uint8_t* smem, int stage, int k0) {
+  uint64_t* bar = &pipe_barriers(smem)->full[stage];
+  mbar_arrive_expect_tx(bar, C::kSmemB);
+  const uint32_t sb = smem_u32(smem + stage * C::kSmemStage + C::kSmemA);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) tma_load_3d(sb + i * C::kBoxRows * 128, op.b_map, bar, k0, op.b_y[i], op.b_z[i]);
+}
+
+// acc = A[BM, K] * B[BN, K]^T; A rows past the block's rows are zero-filled by the loader, so they compute
+// zeros that no epilogue stores. K % kBlockK == 0; smem 1024-byte aligned, its barriers initialised
+// (init_pipe_barriers). A stage holds A (cp.async by all threads) and B (two TMA boxes issued by thread 0,
+// completing the stage's full barrier); one wgmma group stays in flight while the next stage is waited for and
+// the one after is prefetched; a stage is refilled only after both warpgroups retired the MMAs that read it.
+// Ends with a __syncthreads. The epilogue may then reuse the stages as generic staging memory: the next tile's
+// first TMA writes are ordered after it by the proxy fence at the top.
+//
+// No wgmma instruction may sit under a branch that depends on the thread (e.g. "this warpgroup's 64 rows are
+// all padding, skip"): ptxas cannot prove such a branch warpgroup-uniform, inserts a warpgroup dependency
+// barrier (WG.DP) in the divergent path and then serialises every wgmma of the kernel (warning C7518: each
+// HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). An earlier
+// version skipped the MMAs of an all-padding warpgroup that way; both warpgroups now always issue them
+// (tests/kernel/test_csrc.py asserts that ptxas reports no C7518).
+__device__ __forceinline__ void tile_mainloop(const Params& p, const TileOperands& op, int K, uint8_t* smem,
+                                              TileAcc& acc) {
+  static_assert(Config::kBlockM == 128 && Config::kBlockN == 256 && L::kThreads == 256,
+                "wgmma path: two warpgroups x m64n256");
+  static_assert(Config::kSmemA % 1024 == 0 && Config::kSmemB % 1024 == 0, "SW128 atoms need 1024-byte bases");
+  static_assert(L::kStages == 3, "refill-after-retire order assumes 3 stages");
+  const int wg = threadIdx.x / 128;
+  PipeBarriers* bars = pipe_barriers(smem);
+  uint32_t phase = bars->phase;  // written back by thread 0 before the previous tile's closing __syncthreads
+#pragma unroll
+  for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
+  const int num_k = K / Config::kBlockK;
+  fence_proxy_async_smem();  // this thread's generic smem accesses (last epilogue) before the TMA writes below
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < L::kStages - 1; ++s) {
+    if (s < num_k) {
+      if (threadIdx.x == 0) issue_stage_b(op, smem, s, s * Config::kBlockK);
+      load_stage_a(op, smem, s, s * Config::kBlockK);
+    }
+    cp_async_commit();
+  }
+  const uint32_t smem_base = smem_u32(smem);
+  for (int kt = 0; kt < num_k; ++kt) {
+    const int st = kt % L::kStages;
+    cp_async_wait<L::kStages - 2>();  // stage kt's A landed (this thread's copies)
+    fence_proxy_async_smem();              // cp.async wrote through the generic proxy; wgmma reads via async
+    mbar_wait(p, &bars->full[st], (phase >> st) & 1u, st, kt);  // stage kt's B landed
+    phase ^= 1u << st;
+    __syncthreads();                       // ... and every thread's A copies landed
+    const uint32_t sa = smem_base + st * Config::kSmemStage + wg * 64 * 128;
+    const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
+      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
+    __syncthreads();  // both warpgroups are done with stage kt-1: refill it
+    const int next = kt + L::kStages - 1;
+    if (next < num_k) {
+      if (threadIdx.x == 0) issue_stage_b(op, smem, next % L::kStages, next * Config::kBlockK);
+      load_stage_a(op, smem, next % L::kStages, next * Config::kBlockK);
+    }
+    cp_async_commit();
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+  if (threadIdx.x == 0) bars->phase = phase;
+  __syncthreads();
+}
+
+}  // namespace legacy
+using legacy::L;
+using legacy::init_pipe_barriers;
+using legacy::plain_tile_operands;
+using legacy::tile_mainloop;
+using legacy::TileOperands;
+using legacy::load_stage_a;
+
 // The cp.async-only operands of modes 0-3: B chunk i of this thread is weight row n0 + 32 i.
 struct OldOperands {
   const bf16* a_row[4];
@@ -48,7 +220,7 @@ __device__ __forceinline__ OldOperands old_operands(const bf16* a_rows, const bf
   OldOperands op;
   op.valid = 0;
   for (int i = 0; i < 4; ++i) {
-    op.a_row[i] = a_rows + static_cast<int64_t>((threadIdx.x + i * C::kThreads) >> 3) * K;
+    op.a_row[i] = a_rows + static_cast<int64_t>((threadIdx.x + i * L::kThreads) >> 3) * K;
     op.valid |= 1u << i;
   }
   op.b_base = b;
@@ -67,7 +239,7 @@ __device__ __forceinline__ void load_stage_mode(const OldOperands& op, uint8_t* 
   if (MODE <= 2) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int c = threadIdx.x + i * C::kThreads;
+      const int c = threadIdx.x + i * L::kThreads;
       const int row = c >> 3, chunk = c & 7;
       const bool ok = (op.valid >> i) & 1u;
       cp_async_16(smem_u32(sa + swz(row, chunk)), op.a_row[i] + (ok ? k0 + chunk * 8 : 0), ok);
@@ -77,7 +249,7 @@ __device__ __forceinline__ void load_stage_mode(const OldOperands& op, uint8_t* 
     constexpr int kB = MODE == 0 ? 8 : 4;
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
-      const int c = threadIdx.x + i * C::kThreads;
+      const int c = threadIdx.x + i * L::kThreads;
       const int row = c >> 3, chunk = c & 7;
       const bool ok = (op.valid >> (4 + i)) & 1u;
       cp_async_16(smem_u32(sb + swz(row, chunk)), op.b_base + (ok ? op.b_off(i) + k0 + chunk * 8 : 0), ok);
@@ -93,17 +265,17 @@ __device__ __forceinline__ void mainloop_mode(const OldOperands& op, int K, uint
   for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
   const int num_k = K / C::kBlockK;
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
+  for (int s = 0; s < L::kStages - 1; ++s) {
     if (s < num_k) load_stage_mode<MODE>(op, smem, s, s * C::kBlockK);
     cp_async_commit();
   }
   const uint32_t smem_base = smem_u32(smem);
   for (int kt = 0; kt < num_k; ++kt) {
-    cp_async_wait<C::kStages - 2>();
+    cp_async_wait<L::kStages - 2>();
     fence_proxy_async_smem();
     __syncthreads();
-    const uint32_t sa = smem_base + (kt % C::kStages) * C::kSmemStage + wg * 64 * 128;
-    const uint32_t sb = smem_base + (kt % C::kStages) * C::kSmemStage + C::kSmemA;
+    const uint32_t sa = smem_base + (kt % L::kStages) * C::kSmemStage + wg * 64 * 128;
+    const uint32_t sb = smem_base + (kt % L::kStages) * C::kSmemStage + C::kSmemA;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockK / 16; ++kk)
@@ -111,8 +283,8 @@ __device__ __forceinline__ void mainloop_mode(const OldOperands& op, int K, uint
     wgmma_commit();
     wgmma_wait<1>();
     __syncthreads();
-    const int next = kt + C::kStages - 1;
-    if (next < num_k) load_stage_mode<MODE>(op, smem, next % C::kStages, next * C::kBlockK);
+    const int next = kt + L::kStages - 1;
+    if (next < num_k) load_stage_mode<MODE>(op, smem, next % L::kStages, next * C::kBlockK);
     cp_async_commit();
   }
   wgmma_wait<0>();
@@ -210,7 +382,7 @@ __device__ __forceinline__ void mc_mainloop(const Params& p, McPipe& mp, const T
   for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
   const int num_k = K / C::kBlockK;
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
+  for (int s = 0; s < L::kStages - 1; ++s) {
     if (s < num_k) {
       if (threadIdx.x == 0) mc_issue_b(p, mp, smem, b_map, s, s * C::kBlockK, y0, z, rank);
       load_stage_a(op, smem, s, s * C::kBlockK);
@@ -219,8 +391,8 @@ __device__ __forceinline__ void mc_mainloop(const Params& p, McPipe& mp, const T
   }
   const uint32_t smem_base = smem_u32(smem);
   for (int kt = 0; kt < num_k; ++kt) {
-    const int st = kt % C::kStages;
-    cp_async_wait<C::kStages - 2>();
+    const int st = kt % L::kStages;
+    cp_async_wait<L::kStages - 2>();
     fence_proxy_async_smem();
     mbar_wait(p, &mp.full[st], (mp.fpar >> st) & 1u, st, kt);
     mp.fpar ^= 1u << st;
@@ -234,18 +406,18 @@ __device__ __forceinline__ void mc_mainloop(const Params& p, McPipe& mp, const T
     wgmma_commit();
     wgmma_wait<1>();
     __syncthreads();
-    if (kt > 0 && threadIdx.x == 0) mc_release(mp, (kt - 1) % C::kStages);
-    const int next = kt + C::kStages - 1;
+    if (kt > 0 && threadIdx.x == 0) mc_release(mp, (kt - 1) % L::kStages);
+    const int next = kt + L::kStages - 1;
     if (next < num_k) {
-      if (threadIdx.x == 0) mc_issue_b(p, mp, smem, b_map, next % C::kStages, next * C::kBlockK, y0, z, rank);
-      load_stage_a(op, smem, next % C::kStages, next * C::kBlockK);
+      if (threadIdx.x == 0) mc_issue_b(p, mp, smem, b_map, next % L::kStages, next * C::kBlockK, y0, z, rank);
+      load_stage_a(op, smem, next % L::kStages, next * C::kBlockK);
     }
     cp_async_commit();
   }
   wgmma_wait<0>();
   cp_async_wait<0>();
   __syncthreads();
-  if (threadIdx.x == 0) mc_release(mp, (num_k - 1) % C::kStages);
+  if (threadIdx.x == 0) mc_release(mp, (num_k - 1) % L::kStages);
 }
 
 __global__ void __launch_bounds__(256, 1)
@@ -255,12 +427,12 @@ __global__ void __launch_bounds__(256, 1)
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   const uint32_t rank = cluster_rank();
   McPipe mp;
-  mp.full = reinterpret_cast<uint64_t*>(smem + C::kSmemBarOffset);
-  mp.empty = mp.full + C::kStages;
-  static_assert(2 * C::kStages * 8 <= C::kSmemBarBytes, "barriers fit their slot");
+  mp.full = reinterpret_cast<uint64_t*>(smem + L::kSmemBarOffset);
+  mp.empty = mp.full + L::kStages;
+  static_assert(2 * L::kStages * 8 <= L::kSmemBarBytes, "barriers fit their slot");
   mp.started = mp.epar = mp.fpar = 0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) {
+    for (int s = 0; s < L::kStages; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&mp.full[s])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_u32(&mp.empty[s])) : "memory");
     }
@@ -526,11 +698,11 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
       cfg.numAttrs = 1;
       CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
     } else if constexpr (MODE == 6) {
-      CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemDynamic));
+      CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(ctas);
       cfg.blockDim = dim3(256);
-      cfg.dynamicSmemBytes = C::kSmemDynamic;
+      cfg.dynamicSmemBytes = L::kSmemDynamic;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = 2;
@@ -546,8 +718,8 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
       CK(cudaLaunchKernelEx(&cfg, tiles_kernel_mc, a, sink, E, rows, N, K, t, p, b_map));
     } else {
       auto fn = tiles_kernel<MODE>;
-      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemDynamic));
-      fn<<<ctas, 256, C::kSmemDynamic>>>(a, b, sink, E, rows, N, K, t, p, b_map);
+      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
+      fn<<<ctas, 256, L::kSmemDynamic>>>(a, b, sink, E, rows, N, K, t, p, b_map);
     }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
