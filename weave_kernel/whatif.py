@@ -120,8 +120,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     profile = load_profile(args.profile)
-    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in data["results"]
-            if "counts" in r and (not keep or int(r["tokens_per_gpu"]) in keep)]
+    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
+    if not picked or any("counts" not in r for r in picked):
+        ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
+                 f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
+    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in picked]
     what = ("dispatch de-duplicated per destination GPU" if args.variant == "dedup"
             else f"GEMM tiles {parse_variant(args.variant)[1]}x faster")
     print(f"simulator ({args.profile}): the kernel as built vs {what}")
