@@ -9,7 +9,7 @@ achieved NVLink GB/s and TFLOP/s (per GPU), then weave against the best static:C
 Per result it stores the exchanged `counts` (pair-based dispatch rows, see weave_kernel/choice.py), the
 kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts. Latency of a call = max over ranks of
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
-Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.skewed_routing).
+Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.bench_routing).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from weave_sim.validate import KERNEL_LAYOUT  # the layout this kernel computes 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
-from .routing import skewed_routing
+from .routing import bench_routing
 from .symm import cuda_time_ms, init_ranks
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
@@ -135,8 +135,7 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
 
 def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev) -> dict:
     placement = contiguous(model.num_experts, world)
-    ids, w = skewed_routing(n, model.num_experts, model.top_k, seed=args.seed * 100003 + rank * 7 + n,
-                            zipf_s=args.zipf)
+    ids, w = bench_routing(n, model.num_experts, model.top_k, seed=args.seed, rank=rank, zipf_s=args.zipf)
     gathered = [None] * world
     dist.all_gather_object(gathered, ids)
     all_ids = np.concatenate(gathered)

@@ -1,7 +1,7 @@
 """Add the exchanged counts to a kernel benchmark file that predates them, so `weave-sim validate` can read it.
 
-The benchmark's routing is a pure function of its seed (weave_kernel.routing.skewed_routing with
-seed = seed * 100003 + rank * 7 + tokens_per_gpu), so the counts each call exchanged can be rebuilt exactly:
+The benchmark's routing is a pure function of its seed (weave_kernel.routing.bench_routing), so the counts each
+call exchanged can be rebuilt exactly:
 
     python -m weave_kernel.recount OLD.json NEW.json
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from weave_sim.placement import contiguous
 
-from .routing import skewed_routing
+from .routing import bench_routing
 
 
 def counts_for(result: dict, seed: int, zipf_s: float) -> dict:
@@ -24,7 +24,7 @@ def counts_for(result: dict, seed: int, zipf_s: float) -> dict:
     owner = contiguous(experts, world).owner
     pairs = np.zeros((world, experts), dtype=np.int64)
     for rank in range(world):
-        ids, _ = skewed_routing(n, experts, top_k, seed=seed * 100003 + rank * 7 + n, zipf_s=zipf_s)
+        ids, _ = bench_routing(n, experts, top_k, seed=seed, rank=rank, zipf_s=zipf_s)
         pairs[rank] = np.bincount(ids.ravel(), minlength=experts)
     rows = np.stack([np.bincount(owner, weights=pairs[s], minlength=world) for s in range(world)]).astype(np.int64)
     return {"source_expert_pairs": pairs.tolist(), "dispatch_rows": rows.tolist(),

@@ -24,6 +24,13 @@ def skewed_routing(num_tokens: int, num_experts: int, top_k: int, *, seed: int, 
     return ids, (w / w.sum(1, keepdims=True)).astype(np.float32)
 
 
+def bench_routing(num_tokens: int, num_experts: int, top_k: int, *, seed: int, rank: int, zipf_s: float = 1.0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The routing `python -m weave_kernel.bench` gives rank `rank` at `num_tokens` tokens per GPU (its --seed and
+    --zipf): recount and whatif rebuild a benchmark's layers from this."""
+    return skewed_routing(num_tokens, num_experts, top_k, seed=seed * 100003 + rank * 7 + num_tokens, zipf_s=zipf_s)
+
+
 def single_expert_routing(num_tokens: int, top_k: int, expert: int, num_experts: int, *, seed: int
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Every token's first choice is `expert`; the other k-1 are distinct random experts (worst-case skew)."""

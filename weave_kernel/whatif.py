@@ -33,7 +33,7 @@ from weave_sim.profile import load_profile, profile_from_dict
 from weave_sim.validate import kernel_options
 from weave_sim.workload import workload_from_counts
 
-from .routing import skewed_routing
+from .routing import bench_routing
 
 POLICIES = ("kernel:static:20", "kernel:weave")
 
@@ -44,7 +44,7 @@ def distinct_dispatch_rows(result: dict, seed: int, zipf_s: float) -> np.ndarray
     owner = contiguous(experts, world).owner
     rows = np.zeros((world, world), dtype=np.int64)
     for rank in range(world):
-        ids, _ = skewed_routing(n, experts, top_k, seed=seed * 100003 + rank * 7 + n, zipf_s=zipf_s)
+        ids, _ = bench_routing(n, experts, top_k, seed=seed, rank=rank, zipf_s=zipf_s)
         needs = np.zeros((n, world), dtype=bool)
         needs[np.repeat(np.arange(n), top_k), owner[ids.ravel()]] = True
         rows[rank] = needs.sum(axis=0)
@@ -80,10 +80,10 @@ def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str 
     placement = contiguous(model.num_experts, int(result["gpus"]))
     pairs = np.asarray(c["source_expert_pairs"], dtype=np.int64)
     as_built = workload_from_counts(pairs, c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
-    distinct = distinct_dispatch_rows(result, seed, zipf_s)
     opts = kernel_options(result)
     if kind == "dedup":
-        changed = workload_from_counts(pairs, distinct, model, placement, c["tokens_per_gpu"])
+        changed = workload_from_counts(pairs, distinct_dispatch_rows(result, seed, zipf_s), model, placement,
+                                       c["tokens_per_gpu"])
         changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
     else:
         changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
@@ -97,7 +97,8 @@ def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str 
     bound = result.get("lower_bound_ms")
     if bound is None:
         h200 = load_profile("h200")
-        w = workload_from_counts(pairs, distinct, model, placement, c["tokens_per_gpu"])
+        w = workload_from_counts(pairs, distinct_dispatch_rows(result, seed, zipf_s), model, placement,
+                                 c["tokens_per_gpu"])
         bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
     out["bound_ms"] = float(bound)
     return out
@@ -120,8 +121,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     profile = load_profile(args.profile)
-    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in data["results"]
-            if "counts" in r and (not keep or int(r["tokens_per_gpu"]) in keep)]
+    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
+    if not picked or any("counts" not in r for r in picked):
+        ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
+                 f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
+    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in picked]
     what = ("dispatch de-duplicated per destination GPU" if args.variant == "dedup"
             else f"GEMM tiles {parse_variant(args.variant)[1]}x faster")
     print(f"simulator ({args.profile}): the kernel as built vs {what}")

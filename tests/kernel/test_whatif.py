@@ -56,3 +56,22 @@ def test_whatif_faster_gemm_is_never_slower_and_bad_variant_is_named():
     for bad in ("gemm:0", "gemm:x", "fast"):
         with pytest.raises(ValueError, match="unknown variant"):
             parse_variant(bad)
+
+
+def test_whatif_cli_names_missing_counts(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    from weave_kernel.whatif import main
+
+    r = _result(top_k=2)
+    del r["counts"]
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"config": {"seed": 3}, "results": [r]}))
+    with pytest.raises(SystemExit):
+        main([str(path)])
+    assert "without the exchanged counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(path), "--tokens", "999"])
+    assert "no results at those token counts" in capsys.readouterr().err
