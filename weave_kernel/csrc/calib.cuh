@@ -33,20 +33,18 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
 
 // Every CTA waits until every rank's CTA 0 posted `epoch` into this rank's start flags (CTA 0 posts first, so no
 // CTA waits on a CTA of its own grid). Call from all threads.
-__device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a, int* s_ok) {
+__device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a) {
   const Params& p = a.sync;
   if (blockIdx.x == 0 && threadIdx.x == 0)
     for (int g = 0; g < a.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, a.off_start_flag) + a.rank, a.epoch);
+  bool ok = true;
   if (threadIdx.x == 0) {
-    bool ok = true;
     for (int g = 0; g < a.world && ok; ++g) {
       const uint64_t* f = sym<const uint64_t>(p, a.rank, a.off_start_flag) + g;
       ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= a.epoch; }, kErrTimeoutCounts, g, 0);
     }
-    *s_ok = ok;
   }
-  __syncthreads();
-  return cta_read_ok(s_ok);
+  return cta_all(ok);
 }
 
 // The calibration GEMM's tiles for run_tiles (pipeline.cuh): C[e] = A[e] B[e]^T per expert, expert-major, column
@@ -109,8 +107,7 @@ struct CalibTiles {
 }  // namespace calib
 
 __global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const __grid_constant__ CalibPushArgs a) {
-  __shared__ int s_ok;
-  if (!calib::meet_ranks(a, &s_ok)) return;
+  if (!calib::meet_ranks(a)) return;
   const Params& p = a.sync;
   const uint64_t t0 = globaltimer_ns();
   const int4* src = reinterpret_cast<const int4*>(a.src);
@@ -137,7 +134,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const _
 __global__ void __launch_bounds__(Config::kThreads, 1) calib_gemm_kernel(const __grid_constant__ CalibGemmArgs a) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = calib::aligned_smem(smem_raw);
-  __shared__ int s_ok;
   init_pipeline(smem);
   __syncthreads();
   const int nb = ceil_div(a.n, Config::kBlockN), rb_all = ceil_div(a.rows_per_expert, Config::kBlockM);
@@ -146,7 +142,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) calib_gemm_kernel(const _
     const int rb0 = ch * rb_all / a.num_chunks, nrb = (ch + 1) * rb_all / a.num_chunks - rb0;
     calib::CalibTiles tiles{a, a.tickets + ch, rb0, nrb, nrb * nb, a.num_experts * nrb * nb};
     if (!run_tiles(a.sync, smem, tiles)) return;
-    if (ch + 1 < a.num_chunks && !grid_barrier(a.sync, ch, &s_ok)) return;
+    if (ch + 1 < a.num_chunks && !grid_barrier(a.sync, ch)) return;
   }
 }
 

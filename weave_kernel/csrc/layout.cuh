@@ -32,7 +32,6 @@ struct SharedLayout {
   GridBest red_best[Config::kWarps];
   int num_comm;                         // CTAs that dispatch first (static / weave); 0 for sequential
   int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
-  int ok;
   int g1_tiles;                         // GEMM1 tiles this CTA ran (static / weave; the consumers' leader counts)
   int tl_count;
 };
@@ -195,19 +194,17 @@ __device__ __forceinline__ bool build_layout(SharedLayout& s, const Params& p) {
         return (a + n - 1) / BM - a / BM + 1;
       },
       s.dq, s.scan_tmp);
+  bool ok = true;
   if (threadIdx.x == 0) {
-    int ok = 1;
     for (int d = 0; d < G; ++d) {
       const int rows_d = s.segoff[(d + 1) * El * G] - s.segoff[d * El * G];
       if (rows_d > p.recv_cap_rows) {
         raise_error(p, kErrRecvOverflow, d, rows_d);
-        ok = 0;
+        ok = false;
       }
     }
-    s.ok = ok;
   }
-  __syncthreads();
-  return cta_read_ok(&s.ok);
+  return cta_all(ok);
 }
 
 }  // namespace weave

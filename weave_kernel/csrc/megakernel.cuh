@@ -50,7 +50,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   }
   __syncthreads();
   for (int e = tid; e < E; e += Config::kThreads) p.cta_hist[blockIdx.x * E + e] = s.hist[e];
-  if (!grid_barrier(p, 0, &s.ok)) return false;
+  if (!grid_barrier(p, 0)) return false;
 
   // this CTA's base per expert, this rank's totals, the sorted pair list
   int* my_cnt = s.cnt + p.rank * E;
@@ -82,7 +82,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
       st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, p.epoch);
     }
   }
-  if (!grid_barrier(p, 1, &s.ok)) return false;  // sorted_pair complete before anyone dispatches
+  if (!grid_barrier(p, 1)) return false;  // sorted_pair complete before anyone dispatches
 
   // weave: stage the cost table in shared memory while the peers' counts are in flight (the choice reads it
   // a few thousand times; from L2 those dependent loads made the choice cost 8-9 us)
@@ -90,16 +90,14 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     for (int i = tid; i < cost_table::kLen; i += Config::kThreads) s.cost_table[i] = __ldg(p.cost_table + i);
   // every CTA: wait for all ranks' counts, load them, build the layout
   const uint64_t tw0 = tl_now(p);  // the wait is recorded apart from the work (timeline busy shares)
+  bool counts_ok = true;
   if (tid == 0) {
-    bool ok = true;
-    for (int g = 0; g < G && ok; ++g) {
+    for (int g = 0; g < G && counts_ok; ++g) {
       const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_count_flag) + g;
-      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCounts, g, 0);
+      counts_ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCounts, g, 0);
     }
-    s.ok = ok;
   }
-  __syncthreads();
-  if (!cta_read_ok(&s.ok)) return false;
+  if (!cta_all(counts_ok)) return false;
   const uint64_t tw1 = tl_now(p);
   const int32_t* gc = sym<const int32_t>(p, p.rank, p.off_gcounts) + par * G * E;
   for (int i = tid; i < G * E; i += Config::kThreads) s.cnt[i] = __ldcg(gc + i);
@@ -172,7 +170,7 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
         s.tk, s.scan_tmp);  // ends with __syncthreads
     MoeTiles tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
     if (!run_tiles(p, smem, tiles)) return false;  // starts and ends with __syncthreads
-    if (seq && ph == 0 && !grid_barrier(p, 3, &s.ok)) return false;
+    if (seq && ph == 0 && !grid_barrier(p, 3)) return false;
   }
   if (seq) return true;
   // One system fence per CTA (not per GEMM1 tile) makes this CTA's combine rows visible before it counts
@@ -200,7 +198,7 @@ __device__ __forceinline__ void dispatch_blocks(const Params& p, SharedLayout& s
 // sequential: the combine phase after GEMM1 wrote every block in place.
 __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout& s, uint8_t* smem,
                                                    const LayoutView& lv) {
-  if (!grid_barrier(p, 4, &s.ok)) return false;
+  if (!grid_barrier(p, 4)) return false;
   const int NB = lv.num_compute_blocks();
   for (int i = blockIdx.x; i < NB; i += p.num_ctas) {
     const uint64_t t0 = tl_now(p);
@@ -209,7 +207,7 @@ __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout
     tl_record(p, s, t0, kRoleComm, kTaskCombine, b.row0 / Config::kBlockM, -1);
   }
   if (threadIdx.x == 0) __threadfence_system();
-  if (!grid_barrier(p, 5, &s.ok)) return false;
+  if (!grid_barrier(p, 5)) return false;
   if (blockIdx.x == 0 && threadIdx.x == 0) post_combine_flags(p);
   return true;
 }
@@ -230,7 +228,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     const bool comm = static_cast<int>(blockIdx.x) < C;
     if (seq) {
       dispatch_blocks(p, s, smem, lv, blockIdx.x, p.num_ctas);
-      ok = grid_barrier(p, 2, &s.ok);
+      ok = grid_barrier(p, 2);
     } else if (comm) {
       dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
       if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);

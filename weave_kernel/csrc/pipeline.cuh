@@ -65,7 +65,6 @@ struct PipeState {
   uint32_t it;                          // k-steps through the ring so far (all calls of this launch)
   uint32_t tiles;                       // descriptors through the slots so far
   int prod_kind, cons_kind;             // per-tile decisions, broadcast inside a role
-  int role_ok[2];                       // producer, consumers: the last run_tiles' outcome
 };
 
 static_assert(Config::kSmemPipe % 1024 == 0 && Config::kSmemSlotOffset % 16 == 0, "stage / slot alignment");
@@ -265,15 +264,9 @@ __device__ __forceinline__ bool run_tiles(const Params& p, uint8_t* smem, Tiles&
   __syncthreads();  // the previous call's positions were written back
   const uint32_t it = ps->it, tiles = ps->tiles;
   __syncthreads();  // everyone read them before the consumers' leader overwrites them
-  if (threadIdx.x / 128 == 0) {
-    const bool ok = produce_tiles(p, smem, T, it, tiles);
-    if (threadIdx.x == 0) ps->role_ok[0] = ok;
-  } else {
-    const bool ok = consume_tiles(p, smem, T, it, tiles);
-    if (threadIdx.x == Config::kProducerThreads) ps->role_ok[1] = ok;
-  }
-  __syncthreads();
-  return ps->role_ok[0] && ps->role_ok[1];
+  const bool ok = threadIdx.x < Config::kProducerThreads ? produce_tiles(p, smem, T, it, tiles)
+                                                         : consume_tiles(p, smem, T, it, tiles);
+  return cta_all(ok);
 }
 
 }  // namespace weave

@@ -75,34 +75,30 @@ __device__ __forceinline__ bool spin_until(const Params& p, Ready ready, int32_t
   }
 }
 
-// Read a flag thread 0 published before a __syncthreads, then fence the CTA again so that thread 0 cannot
-// overwrite it before every thread has read it.
-__device__ __forceinline__ bool cta_read_ok(const int* s_ok) {
-  const bool ok = *s_ok;
-  __syncthreads();
-  return ok;
-}
+// A CTA barrier that also tells every thread whether `ok` held in every thread (threads with nothing to report
+// pass true). A barrier reduction (bar.red.and) with __syncthreads' memory ordering: what thread 0 acquired
+// before it is visible to all threads after it, and no shared flag is written, read and fenced again.
+__device__ __forceinline__ bool cta_all(bool ok) { return __syncthreads_and(ok) != 0; }
 
 // Thread 0 waits on a cross-GPU epoch flag; the whole CTA learns the outcome. Call from all threads.
 __device__ __forceinline__ bool cta_wait_flag_sys(const Params& p, const uint64_t* flag, uint64_t target,
-                                                  int32_t code, int32_t d0, int32_t d1, int* s_ok) {
-  if (threadIdx.x == 0)
-    *s_ok = spin_until(p, [&] { return ld_acquire_sys_u64(flag) >= target; }, code, d0, d1);
-  __syncthreads();
-  return cta_read_ok(s_ok);
+                                                  int32_t code, int32_t d0, int32_t d1) {
+  bool ok = true;
+  if (threadIdx.x == 0) ok = spin_until(p, [&] { return ld_acquire_sys_u64(flag) >= target; }, code, d0, d1);
+  return cta_all(ok);
 }
 
 // Sense-reversing grid barrier over all CTAs (cooperative launch makes them co-resident). count returns to 0
 // inside every barrier; gen only grows, so nothing is reset between calls. Call from all threads.
-__device__ __forceinline__ bool grid_barrier(const Params& p, int32_t index, int* s_ok) {
+__device__ __forceinline__ bool grid_barrier(const Params& p, int32_t index) {
   __syncthreads();
+  bool ok = true;
   if (threadIdx.x == 0) {
     uint32_t* count = p.grid_bar;
     uint32_t* gen = p.grid_bar + 1;
     const uint32_t my_gen = ld_acquire_gpu_u32(gen);
     __threadfence();
     const uint32_t arrived = atomicAdd(count, 1u);
-    bool ok = true;
     if (arrived == static_cast<uint32_t>(p.num_ctas) - 1) {
       atomicExch(count, 0u);
       __threadfence();
@@ -110,10 +106,9 @@ __device__ __forceinline__ bool grid_barrier(const Params& p, int32_t index, int
     } else {
       ok = spin_until(p, [&] { return ld_acquire_gpu_u32(gen) != my_gen; }, kErrTimeoutGridBarrier, index, 0);
     }
-    *s_ok = ok && ld_volatile_i32(p.err) == 0;
+    ok = ok && ld_volatile_i32(p.err) == 0;
   }
-  __syncthreads();
-  return cta_read_ok(s_ok);
+  return cta_all(ok);
 }
 
 }  // namespace weave

@@ -270,16 +270,14 @@ __device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, 
 // ---- weighted reduction on the source: y[t] = sum_j w[t, j] * comb[t * k + j] ---------------------------
 __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, uint16_t role) {
   const uint64_t t0 = tl_now(p);
+  bool ok = true;
   if (threadIdx.x == 0) {
-    bool ok = true;
     for (int g = 0; g < p.world && ok; ++g) {
       const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_comb_flag) + g;
       ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCombine, g, 0);
     }
-    s.ok = ok;
   }
-  __syncthreads();
-  if (!cta_read_ok(&s.ok)) return false;
+  if (!cta_all(ok)) return false;
   tl_wait(p, s, t0, role, -1, -1);
   const uint64_t t1 = tl_now(p);
   const int row_chunks = p.hidden / 8, k = p.top_k;
