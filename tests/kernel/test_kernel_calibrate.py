@@ -119,10 +119,10 @@ def test_commit_comes_from_the_environment_first(monkeypatch):
 
 
 def test_shipped_calibrated_profile_comes_from_the_committed_measurements():
-    """weave_sim/profiles/h200-calibrated.json = weave-sim calibrate docs/results/calib_2xh200.json --base h200."""
+    """weave_sim/profiles/h200-calibrated.json = weave-sim calibrate docs/results/calib_2xh200_ws.json --base h200."""
     from weave_sim.profile import load_profile
 
-    m = json.loads((ROOT / "docs" / "results" / "calib_2xh200.json").read_text())
+    m = json.loads((ROOT / "docs" / "results" / "calib_2xh200_ws.json").read_text())
     assert m["world"] == 2 and not m["failed_checks"] and m["commit"] != "unknown"
     assert build_profile(m, base="h200", name="h200-calibrated") == load_profile("h200-calibrated").raw
     assert "nvlink_push" not in json.loads((ROOT / "docs" / "results" / "calib_1xh200_quick.json").read_text())

@@ -1,6 +1,6 @@
-// One BM x BN output tile of C = A * B^T on tensor cores, bf16 in, fp32 accumulate: the wgmma mainloop
-// (wgmma.cuh) over the cp.async operand pipeline (gemm_common.cuh). The first version used mma.sync
-// m16n8k16 + ldmatrix with the same 128 x 256 tiles (git history, commit "128x256 mma.sync tiles"); its
-// measured rate is in docs/kernel.md.
+// The tile GEMM's building blocks: wgmma m64n256k16 and the accumulator layout (wgmma.cuh), swizzle and TMA
+// helpers (gemm_common.cuh). The loop that runs them is pipeline.cuh's warp-specialised run_tiles. Earlier
+// versions (mma.sync m16n8k16 + ldmatrix; a 256-thread loop where every thread loaded and computed) are in git
+// history with their measured rates in docs/kernel.md.
 #pragma once
 #include "wgmma.cuh"
