@@ -41,6 +41,14 @@ if has sanitize && (( SECONDS < ${SAN_BEFORE_S:-1000000} )); then
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL" /tmp/sanitize_$tool.log | head -3
     (( SECONDS < ${SAN_BEFORE_S:-1000000} )) || break
   done
+  # racecheck's blind spot (docs/kernel.md, "Settled"): a correct program it reports after unequal named-barrier
+  # counts per warpgroup. Recorded with every sanitizer run, so a hazard in the kernel log can be read against it.
+  if nvcc -std=c++17 -arch=sm_90a -o /tmp/racecheck_named_bars tests/kernel/racecheck_named_bars.cu; then
+    for pq in "3 3" "5 3"; do
+      echo "racecheck repro P Q = $pq: $(compute-sanitizer --tool racecheck /tmp/racecheck_named_bars $pq 2>&1 \
+        | grep -E 'PASS|FAIL|RACECHECK SUMMARY' | tr '\n' ' ')" | tee -a $OUT/sanitize.log
+    done
+  fi
 fi
 if has summary; then
   echo "== [${SECONDS}s] summary"; grep -E "SUMMARY|CHOICE AGREEMENT" $OUT/test2.log $OUT/test1.log 2>/dev/null
