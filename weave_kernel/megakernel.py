@@ -146,7 +146,7 @@ class MoEMegakernel:
         self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens)
         self._alloc_symmetric(self.plan.total_bytes)
         i32 = dict(dtype=torch.int32, device=dev)
-        self.cta_hist = torch.empty(self.num_ctas * num_experts, **i32)
+        self.expert_ctr = torch.zeros(2 * num_experts, **i32)  # the kernel clears the parity the next call uses
         self.pair_slot = torch.empty(max_tokens * top_k, **i32)
         self.sorted_pair = torch.empty(max_tokens * top_k, **i32)
         self.h = torch.empty(self.plan.recv_cap_rows * inter, dtype=torch.bfloat16, device=dev)
@@ -197,9 +197,15 @@ class MoEMegakernel:
             if y.dtype != torch.bfloat16 or tuple(y.shape) != (x.shape[0], self.hidden) or not y.is_contiguous() \
                     or y.device != self.device:
                 raise ValueError(f"out must be a contiguous bf16 [{x.shape[0]}, {self.hidden}] tensor on {self.device}")
+        # The kernel clears the parity of its on-chip counters that the next epoch uses (expert_ctr, g0_done): an
+        # epoch whose launch never happened must not count, or the epoch after it would find dirty counters.
         self.epoch += 1
-        params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline)
-        self.ext.launch(params, torch.cuda.current_stream(self.device).cuda_stream)
+        try:
+            params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline)
+            self.ext.launch(params, torch.cuda.current_stream(self.device).cuda_stream)
+        except BaseException:
+            self.epoch -= 1
+            raise
         if check:
             self.raise_if_error()
         return y
@@ -214,7 +220,7 @@ class MoEMegakernel:
             "off_count_flag": pl.off_count_flag, "off_comb_flag": pl.off_comb_flag,
             "off_gcounts": pl.off_gcounts, "off_blk_flag": pl.off_blk_flag, "off_recv_meta": pl.off_recv_meta,
             "off_comb": pl.off_comb, "off_recv_x": pl.off_recv_x,
-            "cta_hist": self.cta_hist.data_ptr(), "pair_slot": self.pair_slot.data_ptr(),
+            "expert_ctr": self.expert_ctr.data_ptr(), "pair_slot": self.pair_slot.data_ptr(),
             "sorted_pair": self.sorted_pair.data_ptr(), "h": self.h.data_ptr(),
             "g0_done": self.g0_done.data_ptr(), "sched": self.sched.data_ptr(),
             "grid_bar": self.grid_bar.data_ptr(), "err": self.err.data_ptr(),

@@ -68,7 +68,7 @@ def _fake_layer(world=2, rank=0):
     layer = object.__new__(mk.MoEMegakernel)
     i32 = dict(dtype=torch.int32)
     layer.plan = mk.plan_buffers(256, 8, 2, world, 64)
-    for name in ("expert_owner", "owner_experts", "peer_base", "cta_hist", "pair_slot", "sorted_pair", "g0_done",
+    for name in ("expert_owner", "owner_experts", "peer_base", "expert_ctr", "pair_slot", "sorted_pair", "g0_done",
                  "sched", "grid_bar", "err", "timeline", "timeline_count"):
         setattr(layer, name, torch.zeros(8, **i32))
     layer.h = torch.zeros(8, dtype=torch.bfloat16)
@@ -99,6 +99,33 @@ def test_params_carry_the_cost_table_and_choice_buffer():
     keys = set(re.findall(r'(?:get<[\w:]+>|ptr<[\w:\s]+>)\(d, "(\w+)"\)', launch_body))
     assert keys == set(d), keys ^ set(d)
     assert parse_policy("static:8", 132).policy_id == POLICY_STATIC
+
+
+def test_a_launch_that_fails_does_not_use_up_an_epoch():
+    """The kernel clears the counters of the next epoch's parity (expert_ctr, g0_done); an epoch without a kernel
+    would leave the one after it dirty counters, so a launch that raises must not advance the epoch."""
+    layer = _fake_layer()
+    layer.broken, layer.device = None, torch.device("cpu")
+
+    class _Ext:
+        calls = 0
+
+        def launch(self, params, stream):
+            _Ext.calls += 1
+            raise ValueError("weave launch: rejected")
+
+    layer.ext = _Ext()
+    x = torch.zeros(10, 256, dtype=torch.bfloat16)
+    ids = torch.zeros(10, 2, dtype=torch.int32)
+    el = layer.num_local_experts
+    w13, w2 = torch.zeros(el, 256, 256, dtype=torch.bfloat16), torch.zeros(el, 256, 128, dtype=torch.bfloat16)
+    before = layer.epoch
+    with pytest.raises(Exception):  # without CUDA the stream lookup raises first; with it, the launch does
+        layer(x, ids, torch.full((10, 2), 0.5), w13, w2, policy="static:8", check=False)
+    assert layer.epoch == before
+    with pytest.raises(ValueError, match="w13 must have shape"):  # rejected before the epoch advances, too
+        layer(x, ids, torch.full((10, 2), 0.5), w2, w2, policy="static:8", check=False)
+    assert layer.epoch == before
 
 
 def test_last_choice_reads_the_slots():

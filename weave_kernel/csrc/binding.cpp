@@ -54,7 +54,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.off_recv_meta = get<int64_t>(d, "off_recv_meta");
   p.off_comb = get<int64_t>(d, "off_comb");
   p.off_recv_x = get<int64_t>(d, "off_recv_x");
-  p.cta_hist = ptr<int32_t>(d, "cta_hist");
+  p.expert_ctr = ptr<int32_t>(d, "expert_ctr");
   p.pair_slot = ptr<int32_t>(d, "pair_slot");
   p.sorted_pair = ptr<int32_t>(d, "sorted_pair");
   p.h = ptr<void>(d, "h");

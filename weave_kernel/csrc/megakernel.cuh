@@ -32,6 +32,8 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   // clear the idle parity of the on-chip counters (last used by the previous call, which has ended)
   for (int i = blockIdx.x * Config::kThreads + tid; i < p.max_row_blocks; i += p.num_ctas * Config::kThreads)
     p.g0_done[other * p.max_row_blocks + i] = 0u;
+  for (int i = blockIdx.x * Config::kThreads + tid; i < E; i += p.num_ctas * Config::kThreads)
+    p.expert_ctr[other * E + i] = 0;
   if (blockIdx.x == 0 && tid < 4) p.sched[other * 4 + tid] = 0u;
 
   // histogram of this CTA's chunk of pairs; rank of each pair inside its expert within the CTA
@@ -49,22 +51,20 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     p.pair_slot[i] = atomicAdd(&s.hist[e], 1);
   }
   __syncthreads();
-  for (int e = tid; e < E; e += Config::kThreads) p.cta_hist[blockIdx.x * E + e] = s.hist[e];
+  // this CTA's base inside each expert: one atomic per (CTA, expert) on this call's counters. CTAs get their
+  // ranges in arrival order, which only permutes rows inside an expert (as the shared atomics above do inside a
+  // CTA; every row's result and its combine slot are unchanged). Reading all CTAs' histograms instead (a loop
+  // over 132 CTAs per expert) took 25-28 us per layer (timeline split, 2x H200, qwen3-30b-a3b / deepseek-v2).
+  int32_t* ctr = p.expert_ctr + par * E;
+  for (int e = tid; e < E; e += Config::kThreads) {
+    const int n = s.hist[e];
+    s.hist[e] = n ? atomicAdd(ctr + e, n) : 0;
+  }
   if (!grid_barrier(p, 0)) return false;
 
-  // this CTA's base per expert, this rank's totals, the sorted pair list
+  // this rank's totals, the sorted pair list
   int* my_cnt = s.cnt + p.rank * E;
-  for (int e = tid; e < E; e += Config::kThreads) {
-    int before = 0, total = 0;
-#pragma unroll 16
-    for (int b = 0; b < p.num_ctas; ++b) {  // independent L2 loads: keep many in flight
-      const int v = __ldcg(p.cta_hist + b * E + e);
-      before += b < static_cast<int>(blockIdx.x) ? v : 0;
-      total += v;
-    }
-    s.hist[e] = before;
-    my_cnt[e] = total;
-  }
+  for (int e = tid; e < E; e += Config::kThreads) my_cnt[e] = __ldcg(ctr + e);
   __syncthreads();
   block_scan(E, [&](int e) { return my_cnt[e]; }, s.ebase, s.scan_tmp);
   for (int i = p0 + tid; i < p1; i += Config::kThreads) {

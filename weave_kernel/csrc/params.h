@@ -93,7 +93,8 @@ struct Params {
   int64_t off_comb;              // bf16 [max_tokens*top_k, hidden]: expert outputs per pair
   int64_t off_recv_x;            // bf16 [recv_cap_rows, hidden]: token rows laid out per (expert, source)
   // local scratch (plain device memory, this rank only)
-  int32_t* cta_hist;             // [num_ctas, num_experts]
+  int32_t* expert_ctr;           // [2][num_experts], parity = epoch & 1: pairs claimed per expert (zeroed at alloc;
+                                 // each call clears the parity the next call uses)
   int32_t* pair_slot;            // [max_tokens*top_k]
   int32_t* sorted_pair;          // [max_tokens*top_k]
   void* h;                       // bf16 [recv_cap_rows, inter]
