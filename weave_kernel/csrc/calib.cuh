@@ -83,22 +83,8 @@ struct CalibTiles {
   __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot&, const TileAcc& acc, uint8_t* staging) const {
     const int N = a.n;
     bf16* c = reinterpret_cast<bf16*>(a.c) + (static_cast<int64_t>(d.b.le) * a.rows_per_expert + d.b.row0) * N;
-    auto half = [&](int c0) {
-      store_staged(staging, d.b.num_rows, min(Config::kStageCols, N - c0),
-                   [&](int m) { return c + static_cast<int64_t>(m) * N + c0; });
-      named_sync(kBarConsumers, Config::kConsumerThreads);
-    };
-    const int c0 = d.col * Config::kBlockN;
-    TileOut out;
-    pack_plain(acc, out);
-    stage_pairs<0>(out, staging);
-    named_sync(kBarConsumers, Config::kConsumerThreads);
-    half(c0);
-    if (c0 + Config::kStageCols < N) {
-      stage_pairs<32>(out, staging);
-      named_sync(kBarConsumers, Config::kConsumerThreads);
-      half(c0 + Config::kStageCols);
-    }
+    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, N,
+                     [&](int m, int col) { return c + static_cast<int64_t>(m) * N + col; });
   }
   __device__ __forceinline__ void tile_done(const TileDesc&, uint64_t, uint64_t) const {}
   __device__ __forceinline__ uint64_t now() const { return 0; }

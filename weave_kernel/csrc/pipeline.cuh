@@ -120,6 +120,27 @@ __device__ __forceinline__ void store_staged(const uint8_t* staging, int num_row
   }
 }
 
+// Consumers: a plain (no activation) tile's 256 output columns c0 .. c0 + 255 to global memory, staged in two
+// 128-column passes; dst(m, c) is the address of row m's column c, and columns >= limit do not exist (N).
+// Ends with a consumer barrier (the staging is free again).
+template <typename Dst>
+__device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* staging, int num_rows, int c0, int limit,
+                                                 Dst dst) {
+  TileOut out;
+  pack_plain(acc, out);
+  stage_pairs<0>(out, staging);
+  named_sync(kBarConsumers, Config::kConsumerThreads);
+  store_staged(staging, num_rows, min(Config::kStageCols, limit - c0), [&](int m) { return dst(m, c0); });
+  named_sync(kBarConsumers, Config::kConsumerThreads);
+  const int c1 = c0 + Config::kStageCols;
+  if (c1 < limit) {
+    stage_pairs<32>(out, staging);
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    store_staged(staging, num_rows, min(Config::kStageCols, limit - c1), [&](int m) { return dst(m, c1); });
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+  }
+}
+
 // Producer warpgroup: claim, publish, load. Returns false if it stopped on an error.
 template <typename Tiles>
 __device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Tiles& T, uint32_t it, uint32_t tiles) {

@@ -214,24 +214,11 @@ struct MoeTiles {
       named_sync(kBarConsumers, Config::kConsumerThreads);
       return;
     }
-    auto half = [&](int c0) {  // static / weave: into the source's combine slot; sequential: over the receive row
-      store_staged(staging, d.b.num_rows, min(Config::kStageCols, H - c0), [&](int m) {
-        return (push ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
-                     : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(row0 + m) * H) + c0;
-      });
-      named_sync(kBarConsumers, Config::kConsumerThreads);
-    };
-    const int c0 = d.col * Config::kBlockN;
-    TileOut out;
-    pack_plain(acc, out);
-    stage_pairs<0>(out, staging);
-    named_sync(kBarConsumers, Config::kConsumerThreads);
-    half(c0);
-    if (c0 + Config::kStageCols < H) {
-      stage_pairs<32>(out, staging);
-      named_sync(kBarConsumers, Config::kConsumerThreads);
-      half(c0 + Config::kStageCols);
-    }
+    // static / weave: into the source's combine slot; sequential: over the receive row
+    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, H, [&](int m, int col) {
+      return (push ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
+                   : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(row0 + m) * H) + col;
+    });
   }
   // consumers' leader, after the epilogue
   __device__ __forceinline__ void tile_done(const TileDesc& d, uint64_t t_wait, uint64_t t_start) const {
