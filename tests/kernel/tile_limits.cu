@@ -179,11 +179,7 @@ __device__ __forceinline__ void tile_mainloop(const Params& p, const TileOperand
     __syncthreads();                       // ... and every thread's A copies landed
     const uint32_t sa = smem_base + st * Config::kSmemStage + wg * 64 * 128;
     const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
-      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-    wgmma_commit();
+    mma_stage(acc, sa, sb);
     wgmma_wait<1>();  // the MMAs of stage kt-1 retired; those of stage kt keep running
     __syncthreads();  // both warpgroups are done with stage kt-1: refill it
     const int next = kt + L::kStages - 1;
@@ -276,11 +272,7 @@ __device__ __forceinline__ void mainloop_mode(const OldOperands& op, int K, uint
     __syncthreads();
     const uint32_t sa = smem_base + (kt % L::kStages) * C::kSmemStage + wg * 64 * 128;
     const uint32_t sb = smem_base + (kt % L::kStages) * C::kSmemStage + C::kSmemA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C::kBlockK / 16; ++kk)
-      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-    wgmma_commit();
+    mma_stage(acc, sa, sb);
     wgmma_wait<1>();
     __syncthreads();
     const int next = kt + L::kStages - 1;
@@ -399,11 +391,7 @@ __device__ __forceinline__ void mc_mainloop(const Params& p, McPipe& mp, const T
     __syncthreads();
     const uint32_t sa = smem_base + st * C::kSmemStage + wg * 64 * 128;
     const uint32_t sb = smem_base + st * C::kSmemStage + C::kSmemA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C::kBlockK / 16; ++kk)
-      wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-    wgmma_commit();
+    mma_stage(acc, sa, sb);
     wgmma_wait<1>();
     __syncthreads();
     if (kt > 0 && threadIdx.x == 0) mc_release(mp, (kt - 1) % L::kStages);
@@ -611,11 +599,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         mbar_wait(p, &full[s], (it / kWsStages) & 1, s, k);
         if constexpr (GATHER) fence_proxy_async_smem();  // A was written by cp.async (generic proxy)
         const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128, sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockK / 16; ++kk)
-          wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-        wgmma_commit();
+        mma_stage(acc, sa, sb);
         wgmma_wait<1>();
         if (k > 0) release((it - 1) % kWsStages);
       }

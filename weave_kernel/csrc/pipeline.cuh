@@ -248,11 +248,7 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
       fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
       const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
       const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
-        wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
-      wgmma_commit();
+      mma_stage(acc, sa, sb);
       wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
       if (k > 0) release(it - 1);
     }

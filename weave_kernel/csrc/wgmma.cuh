@@ -48,6 +48,16 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// One k step of a consumer warpgroup: its 64 A rows at sa times the stage's B at sb (both SW128), 4 x
+// m64n256k16 committed as one group (the caller waits on it). Every tile loop issues its MMAs through here.
+__device__ __forceinline__ void mma_stage(TileAcc& acc, uint32_t sa, uint32_t sb) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
+    wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+  wgmma_commit();
+}
+
 // Pin the accumulators after wgmma_wait: the compiler sees them as outputs of the wgmma asm only, and could
 // otherwise schedule reads of them before the wait that makes them final.
 __device__ __forceinline__ void fence_acc(TileAcc& acc) {
