@@ -2,7 +2,8 @@
 // correctly after the warpgroups of a CTA passed *different numbers* of named barriers (bar.sync id, count)?
 // That is the shape of the megakernel's warp-specialised GEMM phase (pipeline.cuh): the producer warpgroup syncs
 // on barrier 1 (128 threads), the consumers on barrier 2 (256 threads), a different number of times, then the
-// whole CTA meets at __syncthreads and reads role_ok / ok flags that one thread wrote.
+// whole CTA meets at __syncthreads and read flags that one thread wrote (role_ok / s.ok, since replaced by
+// cta_all = __syncthreads_and).
 //
 //   nvcc -std=c++17 -arch=sm_90a -o racecheck_named_bars racecheck_named_bars.cu
 //   compute-sanitizer --tool racecheck ./racecheck_named_bars P Q
