@@ -18,8 +18,9 @@
 namespace weave {
 namespace calib {
 
-// The megakernel's claim_ticket (megakernel.cuh) on a plain shared int: that one reads the whole SharedLayout,
-// and including megakernel.cuh would define the megakernel in this translation unit too.
+// A CTA-wide ticket claim: thread 0 takes the ticket, two barriers share it with the CTA. This is how the
+// 256-thread megakernel claimed until 01d1c29; the warp-specialised one claims with its producer thread alone
+// and hands the tile over through a slot (pipeline.cuh), so task_claim_ns is now an upper bound of its claim.
 __device__ __forceinline__ int claim(int* s_ticket, uint32_t* counter) {
   __syncthreads();
   if (threadIdx.x == 0) *s_ticket = static_cast<int>(atomicAdd(counter, 1u));

@@ -154,16 +154,6 @@ struct LayoutView {
   __device__ int num_compute_blocks() const { return s.tq[p.num_local_experts]; }
   __device__ int expert_first_block(int le) const { return s.tq[le]; }
   __device__ int expert_num_blocks(int le) const { return s.tq[le + 1] - s.tq[le]; }
-  // t-th tile of a phase that has `ncols` column blocks per row block, expert-major, then column block, then
-  // row block: consecutive tiles share one weight tile (read once from HBM, then from L2). Returns the row
-  // block index; *col gets the column block.
-  __device__ int expert_major_tile(int t, int ncols, int* col) const {
-    const int le = find_segment(s.tq, p.num_local_experts, t / ncols);
-    const int nblk = expert_num_blocks(le);
-    const int off = t - ncols * expert_first_block(le);
-    *col = off / nblk;
-    return expert_first_block(le) + off % nblk;
-  }
   __device__ int num_dispatch_blocks() const { return s.dq[(p.world - 1) * p.num_local_experts]; }
 };
 

@@ -80,14 +80,6 @@ __device__ __forceinline__ bool spin_until(const Params& p, Ready ready, int32_t
 // before it is visible to all threads after it, and no shared flag is written, read and fenced again.
 __device__ __forceinline__ bool cta_all(bool ok) { return __syncthreads_and(ok) != 0; }
 
-// Thread 0 waits on a cross-GPU epoch flag; the whole CTA learns the outcome. Call from all threads.
-__device__ __forceinline__ bool cta_wait_flag_sys(const Params& p, const uint64_t* flag, uint64_t target,
-                                                  int32_t code, int32_t d0, int32_t d1) {
-  bool ok = true;
-  if (threadIdx.x == 0) ok = spin_until(p, [&] { return ld_acquire_sys_u64(flag) >= target; }, code, d0, d1);
-  return cta_all(ok);
-}
-
 // Sense-reversing grid barrier over all CTAs (cooperative launch makes them co-resident). count returns to 0
 // inside every barrier; gen only grows, so nothing is reset between calls. Call from all threads.
 __device__ __forceinline__ bool grid_barrier(const Params& p, int32_t index) {
