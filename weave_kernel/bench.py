@@ -9,6 +9,10 @@ achieved NVLink GB/s and TFLOP/s (per GPU), then weave against the best static:C
 Per result it stores the exchanged `counts` (pair-based dispatch rows, see weave_kernel/choice.py), the
 kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts. Latency of a call = max over ranks of
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
+By default the repetitions of all the policies of a configuration (the reference included) are interleaved, so
+that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order policy`
+times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
+the SM clock, power, temperature and clock-event reasons nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.bench_routing).
 """
 from __future__ import annotations
@@ -31,7 +35,8 @@ from .choice import choice_agrees, counts_from_routing, geometry_model, model_ch
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import bench_routing
-from .symm import cuda_time_ms, init_ranks
+from .gpu_state import GpuStateSampler
+from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
@@ -60,20 +65,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-csrc", default="",
                     help="also build the kernel sources in this folder and time them against the package's, "
                          "alternating calls in this process (A/B without drift between processes)")
+    ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
+                    help="interleave the policies' repetitions (default) or time one policy after the other")
+    ap.add_argument("--no-gpu-state", action="store_true", help="do not sample clocks / power with nvidia-smi")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     return ap.parse_args(argv)
+
+
+def sync_ranks() -> None:
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
 
 
 def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
     """Median milliseconds of one fn() on this rank; ranks are synchronised before every repetition, and a
     repetition times `calls` back-to-back calls (as a model runs its layers), so that the host's launch skew
     between ranks, which the first call of a repetition absorbs, is amortised."""
-    def sync_ranks():
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-
     return cuda_time_ms(fn, warmup, repeats, calls, before=sync_ranks)
+
+
+def time_policies(fns: dict, args) -> dict:
+    """{name: median ms on this rank} for every function of one configuration, in args.order."""
+    if args.order == "interleaved":
+        return interleaved_time_ms(fns, args.warmup, args.repeats, args.calls_per_rep, before=sync_ranks)
+    return {name: time_call(fn, args.warmup, args.repeats, args.calls_per_rep) for name, fn in fns.items()}
 
 
 def warm_gpu(seconds: float, dev) -> None:
@@ -133,7 +149,7 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     return layer, w13, w2
 
 
-def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev) -> dict:
+def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev, sampler=None) -> dict:
     placement = contiguous(model.num_experts, world)
     ids, w = bench_routing(n, model.num_experts, model.top_k, seed=args.seed, rank=rank, zipf_s=args.zipf)
     gathered = [None] * world
@@ -145,12 +161,10 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
     res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
-           "latency_ms": {}}
+           "latency_ms": {}, "timing_order": args.order}
 
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
-    res["latency_ms"]["reference"] = max_over_ranks(
-        time_call(lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx), args.warmup, args.repeats,
-                  args.calls_per_rep))
+    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
         policies += ["weave"] + [f"weave:{c}" for c in args.weave_comm if c < layer.num_ctas]
@@ -169,12 +183,20 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                 "kernel": kc, "cost_model": py_choice,
                 "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
                 "profile": args.cost_profile, "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
-        ms = time_call(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.warmup, args.repeats,
-                       args.calls_per_rep)
-        layer.raise_if_error()
-        res["latency_ms"][pol] = max_over_ranks(ms)
-        other = getattr(layer, "ab_other", None)
-        if other is not None:
+        fns[pol] = lambda pol=pol: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)
+    t0 = time.time()
+    ms = time_policies(fns, args)
+    t1 = time.time()
+    layer.raise_if_error()
+    for name, t in ms.items():
+        res["latency_ms"][name] = max_over_ranks(t)
+    if sampler is not None:
+        state = [None] * world
+        dist.all_gather_object(state, sampler.summary(t0, t1))
+        res["gpu_state"] = state
+    other = getattr(layer, "ab_other", None)
+    if other is not None:
+        for pol in policies:
             res.setdefault("ab", {})[pol] = ab_times(layer, other, pol, (x, ids_d, w_d, w13, w2), y_ref, args)
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
     res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
@@ -332,7 +354,7 @@ def main(argv=None) -> int:
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
         header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
                   f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
-                  f"{args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
+                  f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
         doc = {"header": header, "complete": final, "config": vars(args), "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
@@ -342,6 +364,11 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
         os.replace(tmp, args.out)
 
+    sampler = None
+    if not args.no_gpu_state:
+        sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}").start()
+        if sampler.reason_field is None:  # nvidia-smi did not take the UUID: try the device index
+            sampler = GpuStateSampler(str(dev.index)).start()
     warm_gpu(args.warm_gpu_s, dev)
     for name in args.models.split(","):
         model = get_model(name)
@@ -352,20 +379,22 @@ def main(argv=None) -> int:
         layer, w13, w2 = make_layer(model, max(tokens), args, world, dev)
         for n in tokens:
             t0 = time.time()
-            r = bench_config(model, n, layer, w13, w2, args, rank, world, dev)
+            r = bench_config(model, n, layer, w13, w2, args, rank, world, dev, sampler)
             rows.append(r)
             if rank == 0:
                 lat = r["latency_ms"]
                 print(f"[{time.time() - t0:5.1f}s] {name} N={n}: " +
                       " ".join(f"{k}={v:.3f}" for k, v in lat.items()) +
                       (f" choice={[(k['c_star'], k['k_star']) if k else None for k in r['weave_choice']['kernel']]}"
-                       f" agrees={r['weave_choice']['agrees']}" if "weave_choice" in r else ""), flush=True)
+                       f" agrees={r['weave_choice']['agrees']}" if "weave_choice" in r else "") +
+                      (" sm_mhz_min=" + ",".join(f"{g['sm_mhz_min']:.0f}" if g else "?" for g in r["gpu_state"])
+                       if r.get("gpu_state") else ""), flush=True)
                 dump(False)
         del layer, w13, w2
         torch.cuda.empty_cache()
     header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
               f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
-              f"{args.warmup} warm-up, {time.strftime('%Y-%m-%d')}")
+              f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
     if rank == 0:
         def geomean(v):
             return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
@@ -392,6 +421,8 @@ def main(argv=None) -> int:
                       f"(best static vs reference {g['best_static_vs_reference']:.3f}x)")
             print(f"weave fraction of the lower bound at 4096 (mean): {wg['weave_fraction_of_lower_bound_4096_mean']}; "
                   f"in-kernel choice == weave_sim.costmodel.choose: {wg['choice_agreement']} (rank, config) pairs")
+    if sampler is not None:
+        sampler.stop()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -57,6 +57,21 @@ def cuda_time_ms(fn, warmup: int, repeats: int, calls: int = 1, before=None) -> 
     return statistics.median(times)
 
 
+def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, before=None) -> dict:
+    """cuda_time_ms for several functions at once, their repetitions interleaved: `warmup` untimed calls of
+    each, then `repeats` rounds, each timing every function once (one untimed call, then `calls` back-to-back
+    calls). Any drift of the GPU over the rounds (clocks, temperature) reaches every function alike, so the
+    ratios between them do not depend on the order they were measured in. Returns {name: median ms}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(cuda_time_ms(fn, 1, 1, calls, before=before))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def init_ranks() -> tuple[int, int, torch.device]:
     """Under torchrun: bind this process to GPU LOCAL_RANK, then join the NCCL group with that device (NCCL
     then knows each rank's GPU instead of guessing it from the global rank). Returns (rank, world, device)."""

@@ -1,0 +1,56 @@
+"""The benchmark's GPU-state record and interleaved timing, without a GPU: nvidia-smi lines parsed and summarised
+per window, the sampler silent where nvidia-smi is missing, and the repetitions of several policies alternating."""
+import pytest
+
+from weave_kernel import gpu_state, symm
+from weave_kernel.gpu_state import GpuStateSampler, decode_reasons, parse_sample, summarize
+
+
+def test_parse_sample_reads_fields_and_rejects_garbage():
+    s = parse_sample("1980, 412.35, 41, 0x0000000000000004\n")
+    assert s == {"sm_mhz": 1980.0, "power_w": 412.35, "temp_c": 41.0, "reasons": 4}
+    assert parse_sample("[N/A], 412.35, 41, 0x0") is None
+    assert parse_sample("No devices were found") is None
+    assert parse_sample("1980, 412.35, 41") is None
+
+
+def test_decode_reasons_names_bits_and_keeps_unknown_ones():
+    assert decode_reasons(0) == []
+    assert decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_reasons(0x10000) == ["0x10000"]
+
+
+def test_summarize_window_and_nearest_sample():
+    mk = lambda mhz, w, reasons=0: {"sm_mhz": mhz, "power_w": w, "temp_c": 50.0, "reasons": reasons}  # noqa: E731
+    samples = [(1.0, mk(1980, 300)), (2.0, mk(1755, 690, 0x4)), (3.0, mk(1830, 650, 0x1)), (9.0, mk(1400, 700))]
+    s = summarize(samples, 1.5, 3.5)
+    assert s["samples"] == 2 and s["sm_mhz_min"] == 1755 and s["power_w_max"] == 690
+    assert s["event_reasons"] == ["sw_power_cap"]  # gpu_idle (0x1) is not a slowdown
+    near = summarize(samples, 8.0, 8.5)  # no sample inside: the nearest one
+    assert near["samples"] == 1 and near["sm_mhz_min"] == 1400
+    assert summarize([], 0.0, 1.0) is None
+
+
+def test_sampler_records_nothing_without_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)
+    s = GpuStateSampler("0").start()
+    assert s.reason_field is None and s.summary(0.0, 1e12) is None
+    s.stop()
+
+
+def test_interleaved_timing_alternates_and_takes_medians(monkeypatch):
+    calls, seen = [], []
+    ticks = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def fake_time(fn, warmup, repeats, calls_per_rep, before=None):
+        assert (warmup, repeats) == (1, 1)
+        name = fn()
+        seen.append(name)
+        return next(ticks[name])
+
+    monkeypatch.setattr(symm, "cuda_time_ms", fake_time)
+    fns = {"a": lambda: calls.append("a") or "a", "b": lambda: calls.append("b") or "b"}
+    out = symm.interleaved_time_ms(fns, warmup=2, repeats=3, calls=4)
+    assert calls[:4] == ["a", "a", "b", "b"]  # warm-up of each first
+    assert seen == ["a", "b", "a", "b", "a", "b"]
+    assert out == pytest.approx({"a": 3.0, "b": 4.0})
