@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .build import load_extension
+from .gpu_state import GpuStateSampler, power_limit_w, sustained_ms
 from .symm import SymmetricBuffer, cuda_time_ms, init_ranks
 from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TIMEOUT_NS, Plan, assemble, driver_version,
                         experts_for, span_ns, today_utc, useful_tflops)
@@ -212,6 +213,50 @@ class Bench:
         self.log("chunks: " + ", ".join(f"K={p['chunks']}: {p['time_ns'] / 1e3:.1f} us" for p in chunks))
         return gemm, chunks
 
+    def power(self, plan: Plan) -> dict | None:
+        """Sustained GEMM (2048 rows per expert) at plan.power_ctas with this rank's SM clock and board power,
+        every rank at once; the point of the rank that drew the most power. None if nvidia-smi does not answer."""
+        if not plan.power_ctas:
+            return None
+        sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(self.dev).uuid}", period_ms=50).start()
+        if sampler.reason_field is None:
+            sampler = GpuStateSampler(str(self.dev.index), period_ms=50).start()
+        ok = all(self.gather(sampler.reason_field is not None))
+        if not ok:
+            sampler.stop()
+            self.log("power: skipped (nvidia-smi did not answer on every rank)")
+            return None
+        rows = 2048
+        e = experts_for(rows, plan.gemm_tiles)
+        b = torch.randn(e, GEMM_N, GEMM_K, device=self.dev, dtype=torch.bfloat16) * GEMM_K ** -0.5
+        a = torch.randn(e * rows, GEMM_K, device=self.dev, dtype=torch.bfloat16)
+        c = torch.empty(e * rows, GEMM_N, device=self.dev, dtype=torch.bfloat16)
+        tickets = torch.zeros(8, dtype=torch.int32, device=self.dev)
+        grid_bar = torch.zeros(2, dtype=torch.int32, device=self.dev)
+        points = []
+        try:
+            for n in plan.power_ctas:
+                ctas = self.num_sms if n == 0 else min(n, self.num_sms)
+                what = f"power gemm ({ctas} CTAs)"
+                fn = self.gemm_call(a, b, c, tickets, grid_bar, e, rows, ctas, 1)
+                fn()
+                self.check(what)
+                self.barrier()
+                ms, t0, t1 = sustained_ms(fn, plan.power_sustain_s)
+                self.check(what)
+                st = sampler.summary(t0, t1) or {}
+                mine = {"ctas": ctas, "tflops": round(useful_tflops(e, rows, ms), 1),
+                        "sm_mhz": st.get("sm_mhz_median"), "power_w": st.get("power_w_max"),
+                        "event_reasons": st.get("event_reasons", [])}
+                points.append(max(self.gather(mine), key=lambda p: p["power_w"] or 0.0))
+            self.verify_gemm(a, b, c, e, rows, "power gemm")
+        finally:
+            sampler.stop()
+        limit = power_limit_w(sampler.ident)
+        self.log("power: " + ", ".join(f"{p['ctas']}: {p['tflops']:.0f} TF/s {p['sm_mhz']:.0f} MHz "
+                                         f"{p['power_w']:.0f} W" for p in points) + f" (limit {limit} W)")
+        return {"limit_w": limit, "rows_per_expert": rows, "sustain_s": plan.power_sustain_s, "points": points}
+
     def claim_ns(self, plan: Plan, ctas: int) -> float:
         """Mean time of one ticket claim per CTA with `ctas` CTAs claiming back to back (median of repeats)."""
         counter = torch.zeros(1, dtype=torch.int32, device=self.dev)
@@ -271,6 +316,7 @@ class Bench:
         push = self.push(plan)
         gemm, chunks = self.gemm_and_chunks(plan)
         hbm = self.hbm_gbs(plan)
+        power = self.power(plan)
         header = {"gpu_name": torch.cuda.get_device_name(self.dev), "driver": driver_version(torch),
                   "date": today_utc(), "commit": commit, "num_sms": self.num_sms}
         extra = {
@@ -281,8 +327,10 @@ class Bench:
                        "gemm_n": GEMM_N, "gemm_k": GEMM_K, "gemm_tiles": plan.gemm_tiles,
                        "chunk_experts": plan.chunk_experts, "chunk_rows": plan.chunk_rows,
                        "claims_per_cta": plan.claims_per_cta, "signal_rounds": plan.signal_rounds,
-                       "hbm_bytes": plan.hbm_bytes, "repeats": plan.repeats},
+                       "hbm_bytes": plan.hbm_bytes, "repeats": plan.repeats, "power_ctas": list(plan.power_ctas),
+                       "power_sustain_s": plan.power_sustain_s},
             "failed_checks": [m for ms in self.gather(self.failed_checks) for m in ms],
             "wall_s": round(time.time() - self.t_start, 1),
         }
-        return assemble(header, push, gemm, chunks, task_claim_ns=claim, signal_ns=signal, hbm_gbs=hbm, extra=extra)
+        return assemble(header, push, gemm, chunks, task_claim_ns=claim, signal_ns=signal, hbm_gbs=hbm, power=power,
+                        extra=extra)

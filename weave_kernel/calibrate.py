@@ -19,6 +19,11 @@ in isolation and written as the measurements JSON that `weave-sim calibrate` tur
 - signal_ns: release/acquire flag ping-pong between rank 0 and rank 1, round trip / 2 (one GPU: two CTAs
   signalling through its own memory, so no NVLink in it).
 - hbm_gbs: torch device-to-device copy of 1 GiB, (bytes read + bytes written) / time.
+- power: the gemm at 2048 rows per expert, sustained (back-to-back calls for a few seconds after 1.5 s idle,
+  the last half timed) at several CTA counts, with the SM clock and board power nvidia-smi reports meanwhile
+  (weave_kernel/gpu_state.py) and the board's power limit: where the GPU holds a power cap by lowering its
+  clock, `weave-sim calibrate` fits the profile's power model to these points (docs/calibration.md). Left out
+  where nvidia-smi does not answer.
 Every rank runs every GPU-local measurement at the same time; only rank 0 writes the file.
 """
 from __future__ import annotations
@@ -56,12 +61,14 @@ class Plan:
     signal_rounds: int
     hbm_bytes: int
     repeats: int
+    power_ctas: tuple[int, ...] = ()  # sustained GEMM runs with clock and power (0 = all SMs); () = none
+    power_sustain_s: float = 3.0
 
 
 FULL = Plan(push_ctas=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), push_blocks=192,
             gemm_rows=(16, 32, 64, 128, 256, 512, 1024, 2048), gemm_ctas=(16, 32, 64, 96, 128, 0), gemm_tiles=2048,
             chunk_counts=(1, 2, 4, 8), chunk_experts=16, chunk_rows=1024, claims_per_cta=2000, signal_rounds=2000,
-            hbm_bytes=1 << 30, repeats=5)
+            hbm_bytes=1 << 30, repeats=5, power_ctas=(16, 33, 66, 99, 0))
 QUICK = Plan(push_ctas=(1, 8, 32), push_blocks=32, gemm_rows=(64, 512), gemm_ctas=(32, 0), gemm_tiles=256,
              chunk_counts=(1, 2), chunk_experts=4, chunk_rows=256, claims_per_cta=200, signal_rounds=200,
              hbm_bytes=1 << 28, repeats=2)
@@ -127,7 +134,7 @@ def driver_version(torch) -> str:
 
 
 def assemble(header: dict, push: list[dict], gemm: list[dict], chunks: list[dict], *, task_claim_ns: float,
-             signal_ns: float, hbm_gbs: float, extra: dict | None = None) -> dict:
+             signal_ns: float, hbm_gbs: float, power: dict | None = None, extra: dict | None = None) -> dict:
     """The measurements JSON (weave_sim/calibrate.py's format); push is left out when empty (one GPU)."""
     m = dict(header)
     if push:
@@ -138,6 +145,8 @@ def assemble(header: dict, push: list[dict], gemm: list[dict], chunks: list[dict
     m["signal_ns"] = round(signal_ns, 1)
     m["hbm_gbs"] = round(hbm_gbs, 1)
     m["gemm_peak_tflops"] = round(max(p["tflops"] for p in gemm), 1)
+    if power:
+        m["power"] = power
     if extra:
         m.update(extra)
     return m
@@ -171,6 +180,10 @@ def format_summary(m: dict) -> str:
         f"{p['chunks']}: {p['time_ns'] / 1e3:.1f} ({min(1.0, t1 / p['time_ns']):.3f})" for p in m["chunks"]))
     lines.append(f"task_claim {m['task_claim_ns']:.0f} ns, signal {m['signal_ns']:.0f} ns, "
                  f"hbm {m['hbm_gbs']:.0f} GB/s, gemm peak {m['gemm_peak_tflops']:.0f} TF/s")
+    pw = m.get("power")
+    if pw:
+        lines.append(f"sustained gemm (power limit {pw.get('limit_w', '?')} W): " + ", ".join(
+            f"{p['ctas']}: {p['tflops']:.0f} TF/s at {p['sm_mhz']:.0f} MHz {p['power_w']:.0f} W" for p in pw["points"]))
     lines += [f"CHECK FAILED: {msg}" for msg in m.get("failed_checks", [])]
     return "\n".join(lines)
 

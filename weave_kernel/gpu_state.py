@@ -65,6 +65,49 @@ def summarize(samples: list[tuple[float, dict]], t0: float, t1: float) -> dict |
             "event_reasons": decode_reasons(mask & ~0x1)}  # gpu_idle: between calls, not a slowdown
 
 
+def power_limit_w(ident: str) -> float | None:
+    """The board power limit nvidia-smi reports for GPU `ident` (None where it does not answer)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(ident), "--query-gpu=power.limit", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def sustained_ms(fn, seconds: float, idle_s: float = 1.5) -> tuple[float, float, float]:
+    """fn() back to back for `seconds` after `idle_s` of idling (clocks and power recover); the second half
+    timed with CUDA events. Returns (ms per call, host start, host end of the timed half) so that a sampler's
+    summary of that window gives the clock and power the GPU settled at."""
+    import torch
+
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    end = time.time() + seconds
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timed, n, t0 = False, 0, 0.0
+    while time.time() < end:
+        if not timed and time.time() > end - seconds / 2:
+            torch.cuda.synchronize()
+            a.record()
+            timed, t0 = True, time.time()
+        for _ in range(4):
+            fn()
+            n += timed
+        torch.cuda.synchronize()  # keeps the host loop in step with the GPU (a few us per 4 calls)
+    if not timed:  # calls longer than half the window: time one round
+        a.record()
+        t0 = time.time()
+        for _ in range(4):
+            fn()
+        n = 4
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / max(n, 1), t0, time.time()
+
+
 class GpuStateSampler:
     """Background `nvidia-smi --query-gpu ... -lms period_ms` for one GPU (`ident`: index, UUID or PCI id)."""
 

@@ -7,7 +7,9 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
      "gemm": [{"ctas": int, "rows_per_expert": int, "tflops": float}, ...],    # kernel's own tiles
      "chunks": [{"chunks": int, "time_ns": float}, ...],                      # same work, K chunks
      "task_claim_ns": float, "signal_ns": float,                              # optional fixed costs
-     "hbm_gbs": float, "gemm_peak_tflops": float}                             # optional ceilings
+     "hbm_gbs": float, "gemm_peak_tflops": float,                             # optional ceilings
+     "power": {"limit_w": float, "points": [{"ctas": int, "tflops": float,    # optional: sustained GEMM
+                "sm_mhz": float, "power_w": float}, ...]}}                    # with clock and board power
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
 not measured and records where every number came from.
@@ -68,6 +70,34 @@ def chunk_efficiency(points: list[dict]) -> dict[str, float]:
     return {str(k): round(min(1.0, times[1] / t), 6) for k, t in sorted(times.items())}
 
 
+def power_model(power: dict) -> dict:
+    """The profile's power section (weave_sim.profile.PowerModel) from sustained GEMM points: base_w and
+    w_per_tflops by least squares over the points at full clock below the limit (P = base + w R), exponent the
+    median over the throttled points of log((P - base) / (w R)) / log(f), f = clock / the highest clock seen;
+    cap_w = the board's limit (else the highest power seen)."""
+    pts = [p for p in power.get("points", []) if p.get("sm_mhz") and p.get("power_w") and p.get("tflops")]
+    if not pts:
+        raise CalibrationError("power: no points with clock, power and TFLOP/s")
+    f_max = max(float(p["sm_mhz"]) for p in pts)
+    cap = float(power.get("limit_w") or max(float(p["power_w"]) for p in pts))
+    full = [p for p in pts if p["sm_mhz"] >= 0.99 * f_max and p["power_w"] < 0.98 * cap]
+    slow = [p for p in pts if p["sm_mhz"] < 0.97 * f_max]
+    if len({round(float(p["tflops"])) for p in full}) < 2:
+        raise CalibrationError("power: need points at full clock with at least two different rates")
+    if not slow:
+        raise CalibrationError("power: no point where the clock fell (the cap never held): nothing to fit")
+    r = np.array([float(p["tflops"]) for p in full])
+    w, base = np.polyfit(r, np.array([float(p["power_w"]) for p in full]), 1)
+    if not (w > 0 and 0 <= base < cap):
+        raise CalibrationError(f"power: implausible fit (base {base:.0f} W, {w:.3f} W per TFLOP/s)")
+    expo = [np.log((p["power_w"] - base) / (w * p["tflops"])) / np.log(p["sm_mhz"] / f_max) for p in slow]
+    return {"cap_w": round(cap, 1), "base_w": round(float(base), 1), "w_per_tflops": round(float(w), 4),
+            "exponent": round(float(np.median(expo)), 3), "clock_mhz": f_max,
+            "points": len(pts), "note": ("Board power P = base_w + w_per_tflops * R * f^exponent computing R "
+                                         "TFLOP/s at clock fraction f; above cap_w the clock falls "
+                                         "(weave_sim.profile.PowerModel). Fitted to sustained GEMM runs.")}
+
+
 def build_profile(measurements: dict, base: str = "h200", name: str | None = None) -> dict:
     """A profile dictionary from measurements, falling back to `base` for what was not measured."""
     missing = [k for k in REQUIRED if k not in measurements]
@@ -97,6 +127,9 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     if "chunks" in m:
         prof["chunk_eff"] = chunk_efficiency(m["chunks"])
         measured.append("chunk efficiency")
+    if "power" in m:
+        prof["power"] = power_model(m["power"])
+        measured.append(f"power (from {m['power']['from']})" if "from" in m["power"] else "power")
     for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal")):
         if key in m:
             prof["fixed_ns"][slot] = int(round(float(m[key])))
@@ -110,11 +143,23 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     return prof
 
 
-def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None) -> dict:
-    try:
-        m = json.loads(Path(measurements_path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"cannot read measurements {measurements_path}: {exc}") from None
+def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
+                   power_path: Path | None = None) -> dict:
+    """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
+    (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push)."""
+    def read(path):
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"cannot read measurements {path}: {exc}") from None
+
+    m = read(measurements_path)
+    if power_path is not None:
+        pm = read(power_path)
+        if "power" not in pm:
+            raise CalibrationError(f"{power_path} has no power block")
+        m = {**m, "power": {**pm["power"], "from": f"{power_path} ({pm.get('gpu_name', '?')}, {pm.get('date', '?')}, "
+                                                  f"commit {str(pm.get('commit', '?'))[:12]})"}}
     prof = build_profile(m, base=base, name=name)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
@@ -123,16 +168,19 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
 FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us", "barrier_us")
-_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0)}
+OPTIONAL_FIT_PARAMS = ("tile_ns",)  # fitted only when asked for (fit_profile(params=...), --fit-params)
+_FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0),
+               "tile_ns": (0.0, 5000.0)}
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float,
-                   barrier_us: float | None = None) -> dict:
+                   barrier_us: float | None = None, tile_ns: float | None = None) -> dict:
     """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
     c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), the per-layer fixed
     cost of the count exchange set to fixed_us and (unless None) the cost of one grid barrier between the
     fused sequential policy's phases set to barrier_us: a separate number, so that what only the phased
-    policy pays does not land in the fixed cost every policy pays."""
+    policy pays does not land in the fixed cost every policy pays. tile_ns (unless None): the fixed cost of every GEMM
+    tile (the profile's task_claim: claim, pipeline fill and epilogue beyond the calibrated rate)."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
@@ -145,6 +193,8 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
     prof["fixed_ns"]["count_exchange"] = int(round(fixed_us * 1e3))
     if barrier_us is not None:
         prof["fixed_ns"]["grid_barrier"] = int(round(barrier_us * 1e3))
+    if tile_ns is not None:
+        prof["fixed_ns"]["task_claim"] = int(round(tile_ns))
     return prof
 
 
@@ -166,9 +216,14 @@ def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, in
 
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
-                policies=None, min_tokens: int = 0, iters: int = 8, log=print) -> dict:
-    """Coordinate search (golden section per parameter, `rounds` sweeps) of FIT_PARAMS minimising
-    fit_error on a kernel benchmark file; returns the fitted profile dictionary with its provenance."""
+                policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS) -> dict:
+    """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (FIT_PARAMS, optionally
+    with OPTIONAL_FIT_PARAMS) minimising fit_error on a kernel benchmark file; returns the fitted profile
+    dictionary with its provenance."""
+    unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
+    if unknown or not set(FIT_PARAMS) <= set(params):
+        raise CalibrationError(f"fit parameters must include {FIT_PARAMS} and may add {OPTIONAL_FIT_PARAMS}; "
+                               f"got {tuple(params)}")
     try:
         bench = json.loads(Path(bench_path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -177,13 +232,15 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     base_raw = load_profile(base).raw
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
+    if "tile_ns" in params:
+        x["tile_ns"] = float(base_raw["fixed_ns"]["task_claim"])
 
     def err(params: dict) -> float:
         return fit_error(bench, scaled_profile(base_raw, **params), policies)[0]
 
     best = err(x)
     for _ in range(rounds):
-        for key in FIT_PARAMS:
+        for key in params:
             lo, hi = _FIT_BOUNDS[key]
             val, e = _golden(lambda v: err({**x, key: v}), lo, hi, iters=iters)
             if e < best:
@@ -197,7 +254,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) latencies of {bench_path} "
                       f"({bench.get('header', 'kernel benchmark')}): per-SM GEMM rate x {x['gemm_scale']:.3f}, "
                       f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us, "
-                      f"grid barrier {x['barrier_us']:.1f} us; "
+                      f"grid barrier {x['barrier_us']:.1f} us"
+                      + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
+                      + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies}

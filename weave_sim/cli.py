@@ -129,11 +129,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("give either a measurements file or --fit BENCH.json")
     if args.fit is not None:
         policies = args.policies.split(",") if args.policies else None
-        prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens)
+        kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
+        prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
+                           **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
-        prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name)
+        prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -161,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_timeline_stats)
     p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
     p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")
+    p.add_argument("--power", type=Path, default=None,
+                   help="take the power block (sustained GEMM, clock, board power) from this measurements file")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
+    p.add_argument("--fit-params", default=None,
+                   help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "
+                        "add tile_ns to fit a fixed cost per GEMM tile)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")

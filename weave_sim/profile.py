@@ -17,9 +17,38 @@ SCHEMA_VERSION = 1
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 _TOP_KEYS = {
     "schema_version", "name", "gpu", "num_sms", "version", "source", "measured_by",
-    "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns", "calibration",
+    "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns", "calibration", "power",
 }
 _FIXED_KEYS = {"launch", "host_sync", "grid_barrier", "task_claim", "signal", "count_exchange", "decision"}
+_POWER_KEYS = {"cap_w", "base_w", "w_per_tflops", "exponent"}
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """The board's power cap and the power GEMM work draws, for the SM clock a sustained layer can hold.
+
+    With the SMs at clock f (a fraction of the clock the profile's GEMM rates hold at, f <= 1) computing R
+    TFLOP/s: P = base_w + w_per_tflops * R * f ** exponent (the energy per FLOP falls with the clock, as the
+    voltage does). Where P exceeds cap_w the chip lowers the clock until it does not (the H200: sw_power_cap
+    at 700 W). Fitted to sustained runs of the kernel's own tiles at several CTA counts (power_probe in
+    `python -m weave_kernel.calibrate`; docs/calibration.md)."""
+
+    cap_w: float
+    base_w: float
+    w_per_tflops: float
+    exponent: float
+    min_clock: float = 0.3  # never predict below this fraction (outside anything measured)
+
+    def watts(self, tflops, clock) -> np.ndarray:
+        """Board power computing `tflops` (achieved) at clock fraction `clock`."""
+        return self.base_w + self.w_per_tflops * np.asarray(tflops) * np.asarray(clock) ** self.exponent
+
+    def clock(self, tflops, clock) -> np.ndarray:
+        """The clock fraction the cap allows for work that achieved `tflops` at clock fraction `clock`, its rate
+        taken to scale with the clock (array-friendly)."""
+        r1 = np.maximum(np.asarray(tflops, dtype=np.float64), 1e-9) / np.asarray(clock, dtype=np.float64)
+        f = ((self.cap_w - self.base_w) / (self.w_per_tflops * r1)) ** (1.0 / (1.0 + self.exponent))
+        return np.clip(f, self.min_clock, 1.0)
 
 
 class ProfileError(ValueError):
@@ -47,6 +76,7 @@ class HardwareProfile:
     chunk_eff: dict[int, float]
     rho: float
     fixed_ns: dict[str, int]
+    power: PowerModel | None = None
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     # --- curves -------------------------------------------------------------------------------
@@ -118,13 +148,22 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     need(set(fixed) == _FIXED_KEYS, f"fixed_ns must have exactly {sorted(_FIXED_KEYS)}")
     need(all(v >= 0 for v in fixed.values()), "fixed_ns values must be >= 0")
     need(int(data["num_sms"]) > 1, "num_sms must be > 1")
+    power = None
+    if "power" in data:
+        pw = data["power"]
+        need(isinstance(pw, dict) and _POWER_KEYS <= set(pw), f"power needs {sorted(_POWER_KEYS)}")
+        vals = {k: float(pw[k]) for k in _POWER_KEYS}
+        need(vals["cap_w"] > vals["base_w"] >= 0, "power: cap_w must exceed base_w >= 0")
+        need(vals["w_per_tflops"] > 0 and vals["exponent"] >= 0, "power: w_per_tflops > 0 and exponent >= 0")
+        power = PowerModel(**vals)
     return HardwareProfile(
         name=str(data["name"]), gpu=str(data["gpu"]), num_sms=int(data["num_sms"]),
         version=str(data.get("version", "")), source=str(data.get("source", "")),
         bw_ctas=ctas, bw_gbs=gbs, nvlink_peak_gbs=float(nv.get("peak_gbs", gbs.max())),
         gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=float(gm["peak_tflops"]),
         tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
-        hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, raw=data,
+        hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, power=power,
+        raw=data,
     )
 
 

@@ -13,43 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
 from weave_kernel.calib_runs import Bench
 from weave_kernel.calibrate import GEMM_K, GEMM_N, experts_for, useful_tflops
-from weave_kernel.gpu_state import GpuStateSampler
+from weave_kernel.gpu_state import GpuStateSampler, sustained_ms
 from weave_kernel.symm import cuda_time_ms
 
 
-def measure(fn, flop: float, sampler: GpuStateSampler, idle_s: float = 1.5, sustain_s: float = 3.0) -> dict:
-    torch.cuda.synchronize()
-    time.sleep(idle_s)
+def measure(fn, flop: float, sampler: GpuStateSampler, sustain_s: float = 3.0) -> dict:
+    time.sleep(1.5)
     t0 = time.time()
     short_ms = cuda_time_ms(fn, 1, 5)
-    t1 = time.time()
-    short = sampler.summary(t0, t1)
-    end = time.time() + sustain_s
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    timed, n, ta = False, 0, 0.0
-    while time.time() < end:
-        if not timed and time.time() > end - sustain_s / 2:
-            torch.cuda.synchronize()
-            a.record()
-            timed, ta = True, time.time()
-        for _ in range(4):
-            fn()
-            n += timed
-        torch.cuda.synchronize()  # keeps the host loop honest about wall time; a few us per 4 calls
-    b.record()
-    b.synchronize()
-    tb = time.time()
-    sus_ms = a.elapsed_time(b) / max(n, 1)
-    sus = sampler.summary(ta, tb)
+    short = sampler.summary(t0, time.time())
+    sus_ms, ta, tb = sustained_ms(fn, sustain_s)
     return {"short_tflops": flop / short_ms / 1e9, "sustained_tflops": flop / sus_ms / 1e9,
-            "short_state": short, "sustained_state": sus}
+            "short_state": short, "sustained_state": sampler.summary(ta, tb)}
 
 
 def main() -> int:

@@ -160,9 +160,12 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
-                segment_pad_rows: int | None = None, expert_pad_rows: int | None = None) -> TaskGraph:
+                segment_pad_rows: int | None = None, expert_pad_rows: int | None = None,
+                gemm_clock=None) -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
+    gemm_clock: None, or per GPU the SM clock as a fraction of the one the profile's GEMM rates hold at
+    (the power model's, engine/run.py): GEMM tiles compute that much slower; their weight streaming does not.
     segment_pad_rows / expert_pad_rows: see SimOptions (both None: row blocks cut over an expert's rows from
     all sources, each charged its rows).
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
@@ -238,6 +241,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         # also charged the small-M rate: its tiles run at the rate of at least a full tile.
         eff_rows = x["expert_rows"] if pad_rows is None else np.maximum(x["expert_rows"], tile_rows)
         rate = profile.per_sm_tflops(eff_rows) * _FLOP_PER_NS_PER_TFLOPS
+        if gemm_clock is not None:
+            rate = rate * float(gemm_clock[g])
         rb_rate.append(rate)
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
     rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))

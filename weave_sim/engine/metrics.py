@@ -54,6 +54,7 @@ class LayerResult:
     nvlink_samples: list = field(repr=False, default_factory=list)
     layer: int = 0
     candidates: list = field(default_factory=list)  # (label, latency_ns) tried by a searching policy
+    gemm_clock: np.ndarray | None = None  # per GPU: SM clock / the profile's GEMM clock (power model), else None
 
     @property
     def num_sms(self) -> int:
@@ -88,6 +89,7 @@ class LayerResult:
             "binding_path_us": {k: v / 1e3 for k, v in self.binding_path_ns.items()},
             "num_tasks": self.num_tasks, "num_events": self.num_events, "wall_s": self.wall_s,
             "candidates": [{"label": lab, "latency_us": t / 1e3} for lab, t in self.candidates],
+            "gemm_clock": None if self.gemm_clock is None else [round(float(c), 4) for c in self.gemm_clock],
         }
 
 

@@ -22,6 +22,8 @@ from .plan import Plan
 from .policies import parse_policy
 
 DEFAULT_STATIC_GRID = (4, 8, 12, 16, 20, 24, 32, 48, 64)
+POWER_ITERATIONS = 6     # simulations per layer at most under a power model
+POWER_TOLERANCE = 0.004  # clock fraction: stop once no GPU's clock moves more
 
 
 @dataclass(frozen=True)
@@ -86,28 +88,50 @@ class SimContext:
     def num_gpus(self) -> int:
         return self.workload.num_gpus
 
-    def graph(self, plan: Plan):
-        key = (plan.num_chunks, plan.sequential, plan.decision_ns, plan.fused)
+    def graph(self, plan: Plan, clock=None):
+        ck = None if clock is None else tuple(np.round(clock, 4))
+        key = (plan.num_chunks, plan.sequential, plan.decision_ns, plan.fused, ck)
         if key not in self._graphs:
             o = self.options
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
                                             tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
                                             dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows,
-                                            expert_pad_rows=o.expert_pad_rows)
+                                            expert_pad_rows=o.expert_pad_rows,
+                                            gemm_clock=None if ck is None else np.array(ck))
         return self._graphs[key]
 
     def simulate(self, plan: Plan) -> LayerResult:
+        """One run of the engine; with a power model in the profile, runs until the SM clock is consistent with
+        the layer's GEMM load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs over
+        its latency give the power and so the clock the cap allows, and the layer is simulated again at that
+        clock (the power a layer draws is what a stream of such layers averages to: the cap is held over many
+        layers). From full clock the clocks only fall and settle. The result's `gemm_clock` is the clock per GPU
+        it ran at (None without a power model)."""
         t0 = time.perf_counter()
-        graph = self.graph(plan)
+        power = self.profile.power
+        clock = None if power is None else np.ones(self.num_gpus)
+        for _ in range(POWER_ITERATIONS):
+            res = self._simulate_once(plan, clock, t0)
+            if power is None:
+                return res
+            new = power.clock(gemm_tflops(res), clock)
+            if np.max(np.abs(new - clock)) < POWER_TOLERANCE:
+                break
+            clock = new
+        return res
+
+    def _simulate_once(self, plan: Plan, clock, t0: float) -> LayerResult:
+        graph = self.graph(plan, clock)
         o = self.options
         sim = LayerSim(graph, plan, self.profile, seed=o.seed, jitter=o.jitter,
                        record_timeline=o.record_timeline, fairness=o.fairness).run()
-        wall = time.perf_counter() - t0
         self.last_sim = sim
-        return summarize(plan.label, plan, graph, sim.start_ns, sim.end_ns, sim.sm, sim.roles,
-                         self.profile.nvlink_peak_gbs, sim.signal_ns, num_events=sim.num_events, wall_s=wall,
-                         samples=sim.fabric.samples)
+        res = summarize(plan.label, plan, graph, sim.start_ns, sim.end_ns, sim.sm, sim.roles,
+                        self.profile.nvlink_peak_gbs, sim.signal_ns, num_events=sim.num_events,
+                        wall_s=time.perf_counter() - t0, samples=sim.fabric.samples)
+        res.gemm_clock = None if clock is None else np.array(clock)
+        return res
 
 
 def simulate_layer(workload: LayerWorkload, profile: HardwareProfile, policy: str, *, seed: int = 0,
@@ -123,6 +147,16 @@ def simulate_layer(workload: LayerWorkload, profile: HardwareProfile, policy: st
     result = run_policy(SimContext(workload, profile, opts), arg)
     result.policy, result.layer = policy, layer
     return result
+
+
+def gemm_tflops(res: LayerResult) -> np.ndarray:
+    """Per GPU: the FLOPs its GEMM tasks computed (padding included: the MMAs run on it) over the layer latency."""
+    from .dag import K_GEMM0, K_GEMM1
+
+    g = res.graph
+    sel = (g.kind == K_GEMM0) | (g.kind == K_GEMM1)
+    flops = np.bincount(g.gpu[sel], weights=g.flops[sel], minlength=g.num_gpus)
+    return flops / max(res.latency_ns, 1) / 1e3  # FLOP per ns is GFLOP/s
 
 
 @dataclass(eq=False)

@@ -1,0 +1,116 @@
+"""The power model: the clock a power cap allows, its fit from sustained GEMM points, its place in profiles and in
+the engine (a layer whose GEMM load exceeds the cap runs at a lower clock and takes longer; one below it does not
+change)."""
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from weave_sim.calibrate import CalibrationError, build_profile, calibrate_file, fit_profile, power_model
+from weave_sim.engine import simulate_layer
+from weave_sim.engine.run import gemm_tflops
+from weave_sim.engine.testing import ZERO_FIXED, random_layer, tiny_model, tiny_profile
+from weave_sim.profile import PowerModel, ProfileError, profile_from_dict
+
+TRUE = {"cap_w": 700.0, "base_w": 120.0, "w_per_tflops": 1.4, "exponent": 1.7}
+
+
+def synthetic_points(model: PowerModel, rates_full=(100.0, 200.0, 380.0), rates_capped=(550.0, 800.0)):
+    """Sustained points as the GPU would report them under `model`: rates at full clock (R1), the clock the cap
+    allows, the rate achieved at that clock and the power drawn."""
+    pts = []
+    for r1 in rates_full + rates_capped:
+        f = float(model.clock(r1, 1.0))
+        pts.append({"ctas": int(r1 // 5), "tflops": r1 * f, "sm_mhz": 1980.0 * f,
+                    "power_w": float(model.watts(r1 * f, f))})
+    return pts
+
+
+def test_clock_is_full_below_the_cap_and_holds_the_cap_above():
+    m = PowerModel(**TRUE)
+    assert m.clock(300.0, 1.0) == 1.0  # 120 + 1.4 * 300 = 540 W
+    for r1 in (450.0, 700.0, 1000.0):
+        f = float(m.clock(r1, 1.0))
+        assert f < 1.0
+        assert float(m.watts(r1 * f, f)) == pytest.approx(700.0, rel=1e-9)
+        # the same answer from a run that was already at a lower clock (the engine's iteration)
+        assert float(m.clock(r1 * 0.8, 0.8)) == pytest.approx(f)
+    assert float(m.clock(1e9, 1.0)) == m.min_clock
+
+
+def test_power_fit_recovers_the_model():
+    pts = synthetic_points(PowerModel(**TRUE))
+    got = power_model({"limit_w": 700.0, "points": pts})
+    for k, v in TRUE.items():
+        assert got[k] == pytest.approx(v, rel=2e-3), k
+    assert got["clock_mhz"] == 1980.0
+
+
+def test_power_fit_refuses_what_it_cannot_fit():
+    pts = synthetic_points(PowerModel(**TRUE))
+    with pytest.raises(CalibrationError, match="clock fell"):
+        power_model({"limit_w": 700.0, "points": pts[:3]})  # the cap never held
+    with pytest.raises(CalibrationError, match="two different rates"):
+        power_model({"limit_w": 700.0, "points": pts[2:]})
+    with pytest.raises(CalibrationError, match="no points"):
+        power_model({"limit_w": 700.0, "points": [{"ctas": 1}]})
+
+
+def _raw_with_power(power: dict | None, num_sms: int = 16, per_sm_tflops: float = 4.0) -> dict:
+    raw = copy.deepcopy(tiny_profile(num_sms, fixed_ns=ZERO_FIXED, per_sm_tflops=per_sm_tflops).raw)
+    if power is not None:
+        raw["power"] = power
+    return raw
+
+
+def test_profile_checks_the_power_section():
+    assert profile_from_dict(_raw_with_power(None)).power is None
+    assert profile_from_dict(_raw_with_power(TRUE)).power == PowerModel(**TRUE)
+    with pytest.raises(ProfileError, match="power needs"):
+        profile_from_dict(_raw_with_power({"cap_w": 700.0}))
+    with pytest.raises(ProfileError, match="cap_w must exceed"):
+        profile_from_dict(_raw_with_power({**TRUE, "base_w": 800.0}))
+
+
+def test_engine_lowers_the_clock_only_above_the_cap():
+    w = random_layer(2, 256, tiny_model(hidden=512, ffn=512, experts=8, top_k=2), seed=3)
+    plain = profile_from_dict(_raw_with_power(None))
+    r0 = simulate_layer(w, plain, "static:4")
+    assert r0.gemm_clock is None
+    tf = float(gemm_tflops(r0).max())
+    light = profile_from_dict(_raw_with_power({"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 0.5 * 600.0 / tf,
+                                               "exponent": 1.5}))
+    r1 = simulate_layer(w, light, "static:4")
+    assert np.all(r1.gemm_clock == 1.0) and r1.latency_ns == r0.latency_ns
+    heavy_pw = {"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 3.0 * 600.0 / tf, "exponent": 1.5}
+    r2 = simulate_layer(w, profile_from_dict(_raw_with_power(heavy_pw)), "static:4")
+    assert np.all(r2.gemm_clock < 0.95) and r2.latency_ns > r0.latency_ns
+    # the clock it settled at is (nearly) the one its own load allows
+    again = PowerModel(**heavy_pw).clock(gemm_tflops(r2), r2.gemm_clock)
+    assert np.allclose(again, r2.gemm_clock, atol=0.01)
+    assert r2.to_dict()["gemm_clock"] == [round(float(c), 4) for c in r2.gemm_clock]
+
+
+def test_calibrate_takes_the_power_block_from_another_file(tmp_path):
+    meas = json.loads(json.dumps({
+        "gpu_name": "NVIDIA H200", "date": "2026-12-01", "num_sms": 132,
+        "nvlink_push": [{"ctas": 1, "peers": 1, "gbs": 20.0}, {"ctas": 16, "peers": 1, "gbs": 300.0}],
+        "gemm": [{"ctas": 132, "rows_per_expert": 128, "tflops": 400.0},
+                 {"ctas": 132, "rows_per_expert": 2048, "tflops": 700.0}]}))
+    main = tmp_path / "m.json"
+    main.write_text(json.dumps(meas))
+    assert "power" not in build_profile(meas)
+    side = tmp_path / "p.json"
+    side.write_text(json.dumps({"gpu_name": "NVIDIA H200", "date": "2026-12-01",
+                                "power": {"limit_w": 700.0, "points": synthetic_points(PowerModel(**TRUE))}}))
+    prof = calibrate_file(main, tmp_path / "out.json", power_path=side)
+    assert prof["power"]["cap_w"] == 700.0 and "power (from" in prof["source"]
+    assert profile_from_dict(prof).power is not None
+    with pytest.raises(CalibrationError, match="no power block"):
+        calibrate_file(main, tmp_path / "out2.json", power_path=main)
+
+
+def test_fit_rejects_unknown_parameters(tmp_path):
+    with pytest.raises(CalibrationError, match="fit parameters"):
+        fit_profile(tmp_path / "none.json", params=("gemm_scale", "colour"))
