@@ -37,6 +37,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="power_probe.json")
     ap.add_argument("--ctas", default="16,33,66,99,132")
+    ap.add_argument("--rows", default="2048", help="rows per expert of the calibration GEMM (comma-separated); "
+                    "rows other than the first run at all SMs only")
+    ap.add_argument("--hbm", action="store_true", help="also a sustained 1 GiB device-to-device copy")
     args = ap.parse_args()
     bench = Bench.start()
     dev = bench.dev
@@ -51,22 +54,29 @@ def main() -> int:
     rows_out.append({"case": "cublas 8192^3", "ctas": bench.num_sms, **r})
     del x, y
 
-    rows = 2048
-    e = experts_for(rows, 2048)
-    b = torch.randn(e, GEMM_N, GEMM_K, device=dev, dtype=torch.bfloat16) * GEMM_K ** -0.5
-    a = torch.randn(e * rows, GEMM_K, device=dev, dtype=torch.bfloat16)
-    c = torch.empty(e * rows, GEMM_N, device=dev, dtype=torch.bfloat16)
-    tickets = torch.zeros(8, dtype=torch.int32, device=dev)
-    grid_bar = torch.zeros(2, dtype=torch.int32, device=dev)
-    flop = useful_tflops(e, rows, 1.0) * 1e9  # FLOP of one call (TFLOP/s at 1 ms x 1e9)
-    for n in [int(v) for v in args.ctas.split(",")]:
-        fn = bench.gemm_call(a, b, c, tickets, grid_bar, e, rows, min(n, bench.num_sms), 1)
-        fn()
-        bench.check(f"gemm {n} CTAs")
-        r = measure(fn, flop, sampler)
-        bench.check(f"gemm {n} CTAs")
-        rows_out.append({"case": f"calib gemm {e}x{rows} rows", "ctas": min(n, bench.num_sms), **r})
-    bench.verify_gemm(a, b, c, e, rows, "power probe gemm")
+    if args.hbm:
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        r = measure(lambda: dst.copy_(src), 2.0 * (1 << 30) / 1e3, sampler)  # "TFLOP/s" column: TB/s moved
+        rows_out.append({"case": "hbm copy 1 GiB (TB/s)", "ctas": bench.num_sms, **r})
+        del src, dst
+    for i, rows in enumerate(int(v) for v in args.rows.split(",")):
+        e = experts_for(rows, 2048)
+        b = torch.randn(e, GEMM_N, GEMM_K, device=dev, dtype=torch.bfloat16) * GEMM_K ** -0.5
+        a = torch.randn(e * rows, GEMM_K, device=dev, dtype=torch.bfloat16)
+        c = torch.empty(e * rows, GEMM_N, device=dev, dtype=torch.bfloat16)
+        tickets = torch.zeros(8, dtype=torch.int32, device=dev)
+        grid_bar = torch.zeros(2, dtype=torch.int32, device=dev)
+        flop = useful_tflops(e, rows, 1.0) * 1e9  # FLOP of one call (TFLOP/s at 1 ms x 1e9)
+        for n in [int(v) for v in args.ctas.split(",")] if i == 0 else [bench.num_sms]:
+            fn = bench.gemm_call(a, b, c, tickets, grid_bar, e, rows, min(n, bench.num_sms), 1)
+            fn()
+            bench.check(f"gemm {n} CTAs")
+            r = measure(fn, flop, sampler)
+            bench.check(f"gemm {n} CTAs")
+            rows_out.append({"case": f"calib gemm {e}x{rows} rows", "ctas": min(n, bench.num_sms), **r})
+        bench.verify_gemm(a, b, c, e, rows, "power probe gemm")
+        del a, b, c
     sampler.stop()
 
     def mhz(s):
