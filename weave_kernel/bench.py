@@ -13,6 +13,9 @@ By default the repetitions of all the policies of a configuration (the reference
 that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order policy`
 times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
 the SM clock, power, temperature and clock-event reasons nvidia-smi reported meanwhile (weave_kernel.gpu_state).
+`--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
+rank): `sustained_ms` and `sustained_gpu_state`, what a power-capped GPU holds under a stream of layers
+(docs/power.md).
 Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.bench_routing).
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .choice import choice_agrees, counts_from_routing, geometry_model, model_ch
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import bench_routing
-from .gpu_state import GpuStateSampler
+from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
@@ -67,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "alternating calls in this process (A/B without drift between processes)")
     ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
                     help="interleave the policies' repetitions (default) or time one policy after the other")
+    ap.add_argument("--sustained", type=float, default=0.0,
+                    help="also time every policy back to back for about this many seconds after 0.5 s idle (the "
+                         "clock a power-capped GPU holds under a stream of layers; docs/power.md): sustained_ms")
     ap.add_argument("--no-gpu-state", action="store_true", help="do not sample clocks / power with nvidia-smi")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     return ap.parse_args(argv)
@@ -194,6 +200,18 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         state = [None] * world
         dist.all_gather_object(state, sampler.summary(t0, t1))
         res["gpu_state"] = state
+    if args.sustained > 0:
+        res["sustained_ms"], res["sustained_gpu_state"] = {}, {}
+        for name, fn in fns.items():
+            calls = sustained_calls(fn, args.sustained, agree=lambda n: int(max_over_ranks(n)))
+            dist.barrier()
+            t, s0, s1 = sustained_ms(fn, args.sustained, idle_s=0.5, calls=calls)
+            res["sustained_ms"][name] = max_over_ranks(t)
+            if sampler is not None:
+                state = [None] * world
+                dist.all_gather_object(state, sampler.summary(s0, s1))
+                res["sustained_gpu_state"][name] = state
+        layer.raise_if_error()
     other = getattr(layer, "ab_other", None)
     if other is not None:
         for pol in policies:

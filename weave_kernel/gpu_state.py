@@ -77,16 +77,30 @@ def power_limit_w(ident: str) -> float | None:
         return None
 
 
-def sustained_ms(fn, seconds: float, idle_s: float = 1.5) -> tuple[float, float, float]:
+def sustained_ms(fn, seconds: float, idle_s: float = 1.5, calls: int | None = None) -> tuple[float, float, float]:
     """fn() back to back for `seconds` after `idle_s` of idling (clocks and power recover); the second half
     timed with CUDA events. Returns (ms per call, host start, host end of the timed half) so that a sampler's
-    summary of that window gives the clock and power the GPU settled at."""
+    summary of that window gives the clock and power the GPU settled at. calls: run exactly this many calls
+    instead (timing the last half): what collective calls need, where every rank must issue the same number
+    (sustained_calls gives one)."""
     import torch
 
     torch.cuda.synchronize()
     time.sleep(idle_s)
-    end = time.time() + seconds
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if calls is not None:
+        calls = max(int(calls), 2)
+        for _ in range(calls - calls // 2):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.time()
+        a.record()
+        for _ in range(calls // 2):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / (calls // 2), t0, time.time()
+    end = time.time() + seconds
     timed, n, t0 = False, 0, 0.0
     while time.time() < end:
         if not timed and time.time() > end - seconds / 2:
@@ -106,6 +120,18 @@ def sustained_ms(fn, seconds: float, idle_s: float = 1.5) -> tuple[float, float,
     b.record()
     b.synchronize()
     return a.elapsed_time(b) / max(n, 1), t0, time.time()
+
+
+def sustained_calls(fn, seconds: float, agree=lambda n: n) -> int:
+    """How many back-to-back calls of fn() fill about `seconds` (from the median of 3 timed calls);
+    agree: combines the ranks' counts (e.g. an all-reduce MAX) so that every rank issues the same number."""
+    import torch
+
+    from .symm import cuda_time_ms
+
+    ms = cuda_time_ms(fn, 1, 3)
+    torch.cuda.synchronize()
+    return int(agree(max(4, int(seconds * 1e3 / max(ms, 1e-3)))))
 
 
 class GpuStateSampler:

@@ -216,10 +216,12 @@ def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, in
 
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
-                policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS) -> dict:
+                policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
+                power_path: Path | None = None) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (FIT_PARAMS, optionally
     with OPTIONAL_FIT_PARAMS) minimising fit_error on a kernel benchmark file; returns the fitted profile
-    dictionary with its provenance."""
+    dictionary with its provenance. power_path: a measurements file whose "power" block (power_model) is added to
+    the base before fitting, so that the fit sees the clock the power cap leaves each layer."""
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
     if unknown or not set(FIT_PARAMS) <= set(params):
         raise CalibrationError(f"fit parameters must include {FIT_PARAMS} and may add {OPTIONAL_FIT_PARAMS}; "
@@ -229,7 +231,15 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     except (OSError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
     bench = {**bench, "results": [r for r in bench.get("results", []) if r["tokens_per_gpu"] >= min_tokens]}
-    base_raw = load_profile(base).raw
+    base_raw = json.loads(json.dumps(load_profile(base).raw))
+    if power_path is not None:
+        try:
+            pm = json.loads(Path(power_path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"cannot read measurements {power_path}: {exc}") from None
+        if "power" not in pm:
+            raise CalibrationError(f"{power_path} has no power block")
+        base_raw["power"] = {**power_model(pm["power"]), "from": str(power_path)}
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
@@ -258,7 +268,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
-    prof["calibration"] = {"base": base, "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
+    prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
+                           "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies}
     profile_from_dict(prof, origin="fitted profile")
     return prof

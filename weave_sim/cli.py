@@ -131,7 +131,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
-                           **kw)
+                           power_path=args.power, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
     p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")
     p.add_argument("--power", type=Path, default=None,
-                   help="take the power block (sustained GEMM, clock, board power) from this measurements file")
+                   help="take the power block (sustained GEMM, clock, board power) from this measurements file "
+                        "(with --fit: add it to the base profile before fitting)")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "

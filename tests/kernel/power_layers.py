@@ -4,8 +4,8 @@ benchmark's result format, so `weave-sim validate` and the power model can repla
     torchrun --nproc_per_node=G tests/kernel/power_layers.py --models deepseek-v3,qwen3-30b-a3b --tokens 4096 \
         --policies sequential,static:8,static:20,weave --out power_layers.json
 
-Per (model, policy): 1.5 s idle, then back-to-back calls for --seconds, the second half timed (CUDA events;
-weave_kernel.gpu_state.sustained_ms); latency_ms = the slowest rank's, gpu_state = each rank's clock and power
+Per (model, policy): 1.5 s idle, then about --seconds of back-to-back calls (the same number on every rank),
+the second half timed (CUDA events; weave_kernel.gpu_state.sustained_ms); latency_ms = the slowest rank's, gpu_state = each rank's clock and power
 in that window. Routing: the benchmark's seeded Zipf routing (weave_kernel.routing.bench_routing).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from weave_kernel.bench import make_layer, max_over_ranks
 from weave_kernel.choice import counts_from_routing
-from weave_kernel.gpu_state import GpuStateSampler, sustained_ms
+from weave_kernel.gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from weave_kernel.megakernel import DEFAULT_COST_PROFILE
 from weave_kernel.reference import ep_moe_reference
 from weave_kernel.routing import bench_routing
@@ -65,8 +65,10 @@ def main() -> int:
             y = layer(x, ids_d, w_d, w13, w2, policy=pol)  # checked call
             res["rel_err_vs_reference"][pol] = max_over_ranks(
                 float((y.float() - y_ref.float()).norm() / y_ref.float().norm()))
+            fn = lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)  # noqa: E731
+            calls = sustained_calls(fn, args.seconds, agree=lambda n: int(max_over_ranks(n)))  # same on every rank
             dist.barrier()
-            ms, t0, t1 = sustained_ms(lambda: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False), args.seconds)
+            ms, t0, t1 = sustained_ms(fn, args.seconds, calls=calls)
             layer.raise_if_error()
             res["latency_ms"][pol] = max_over_ranks(ms)
             state = [None] * world

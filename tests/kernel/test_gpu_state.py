@@ -54,3 +54,14 @@ def test_interleaved_timing_alternates_and_takes_medians(monkeypatch):
     assert calls[:4] == ["a", "a", "b", "b"]  # warm-up of each first
     assert seen == ["a", "b", "a", "b", "a", "b"]
     assert out == pytest.approx({"a": 3.0, "b": 4.0})
+
+
+def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(symm, "cuda_time_ms", lambda fn, w, r, c=1, before=None: 2.0)  # 2 ms per call
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    assert gpu_state.sustained_calls(lambda: None, 1.0) == 500
+    assert gpu_state.sustained_calls(lambda: None, 0.001) == 4  # at least 4
+    # ranks agree on the largest count (the benchmark passes an all-reduce MAX)
+    assert gpu_state.sustained_calls(lambda: None, 1.0, agree=lambda n: max(n, 731)) == 731

@@ -114,3 +114,29 @@ def test_calibrate_takes_the_power_block_from_another_file(tmp_path):
 def test_fit_rejects_unknown_parameters(tmp_path):
     with pytest.raises(CalibrationError, match="fit parameters"):
         fit_profile(tmp_path / "none.json", params=("gemm_scale", "colour"))
+
+
+def test_fit_adds_the_power_block_to_its_base(tmp_path):
+    from weave_sim.placement import contiguous
+    from weave_sim.presets import ModelPreset
+    from weave_sim.validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
+    from weave_sim.workload import layer_workload
+
+    model = ModelPreset("m", 1024, 512, 8, 2, 0, 1)
+    ids = np.argsort(np.random.default_rng(0).random((2048, 8)), axis=1)[:, :2]
+    w = layer_workload(ids, model, contiguous(8, 2))
+    prof0 = profile_from_dict(_raw_with_power(None, num_sms=132))
+    lat = {p: simulate_layer(w, prof0, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in ("static:4", "static:24")}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"results": [{
+        "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": 1024, "gpus": 2, "experts": 8, "top_k": 2,
+        "hidden": 1024, "inter": 512, "latency_ms": lat,
+        "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(), "dispatch_rows": w.dispatch_rows.tolist(),
+                   "tokens_per_gpu": [1024, 1024]}}]}))
+    side = tmp_path / "p.json"
+    side.write_text(json.dumps({"power": {"limit_w": 700.0, "points": synthetic_points(PowerModel(**TRUE))}}))
+    prof = fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=side)
+    assert prof["power"]["cap_w"] == 700.0 and prof["calibration"]["power_from"] == str(side)
+    assert "power model" in prof["source"] and profile_from_dict(prof).power is not None
+    with pytest.raises(CalibrationError, match="no power block"):
+        fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=bench)
