@@ -14,8 +14,8 @@ that drift of the GPU during a configuration (clocks, temperature) reaches every
 times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
 the SM clock, power, temperature and clock-event reasons nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
-rank): `sustained_ms` and `sustained_gpu_state`, what a power-capped GPU holds under a stream of layers
-(docs/power.md).
+rank), in order and then in reverse: `sustained_ms` (mean of the two passes) and `sustained_gpu_state`, what a
+power-capped GPU holds under a stream of layers (docs/power.md).
 Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.bench_routing).
 """
 from __future__ import annotations
@@ -201,16 +201,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         dist.all_gather_object(state, sampler.summary(t0, t1))
         res["gpu_state"] = state
     if args.sustained > 0:
-        res["sustained_ms"], res["sustained_gpu_state"] = {}, {}
-        for name, fn in fns.items():
-            calls = sustained_calls(fn, args.sustained, agree=lambda n: int(max_over_ranks(n)))
-            dist.barrier()
-            t, s0, s1 = sustained_ms(fn, args.sustained, idle_s=0.5, calls=calls)
-            res["sustained_ms"][name] = max_over_ranks(t)
-            if sampler is not None:
-                state = [None] * world
-                dist.all_gather_object(state, sampler.summary(s0, s1))
-                res["sustained_gpu_state"][name] = state
+        res.update(sustained_times(fns, args, world, sampler))
         layer.raise_if_error()
     other = getattr(layer, "ab_other", None)
     if other is not None:
@@ -265,6 +256,31 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                                {"model": model.name, "tokens_per_gpu": n, "policy": best})
         args.trace = ""
     return res
+
+
+def sustained_times(fns: dict, args, world: int, sampler=None) -> dict:
+    """--sustained: every function back to back for about args.sustained seconds after 0.5 s idle, in the order
+    given and then in reverse (the GPU warms over the sequence: the mean of the two passes cancels a steady
+    drift); the same call count on every rank. Returns sustained_ms (slowest rank, mean of the passes) and
+    sustained_gpu_state (per pass, per rank)."""
+    times = {name: [] for name in fns}
+    states = {name: [] for name in fns}
+    for order in (list(fns), list(fns)[::-1]):
+        for name in order:
+            fn = fns[name]
+            calls = sustained_calls(fn, args.sustained, agree=lambda n: int(max_over_ranks(n)))
+            dist.barrier()
+            t, s0, s1 = sustained_ms(fn, args.sustained, idle_s=0.5, calls=calls)
+            times[name].append(max_over_ranks(t))
+            if sampler is not None:
+                state = [None] * world
+                dist.all_gather_object(state, sampler.summary(s0, s1))
+                states[name].append(state)
+    out = {"sustained_ms": {n: float(np.mean(t)) for n, t in times.items()},
+           "sustained_ms_passes": times}
+    if sampler is not None:
+        out["sustained_gpu_state"] = states
+    return out
 
 
 def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:

@@ -65,3 +65,21 @@ def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
     assert gpu_state.sustained_calls(lambda: None, 0.001) == 4  # at least 4
     # ranks agree on the largest count (the benchmark passes an all-reduce MAX)
     assert gpu_state.sustained_calls(lambda: None, 1.0, agree=lambda n: max(n, 731)) == 731
+
+
+def test_sustained_times_run_forward_then_reverse(monkeypatch):
+    from types import SimpleNamespace
+
+    from weave_kernel import bench
+
+    order, drift = [], iter(range(100))
+    monkeypatch.setattr(bench, "sustained_calls", lambda fn, s, agree: 10)
+    monkeypatch.setattr(bench, "sustained_ms", lambda fn, s, idle_s, calls: (fn() + next(drift), 0.0, 1.0))
+    monkeypatch.setattr(bench, "max_over_ranks", lambda v: v)
+    monkeypatch.setattr(bench.dist, "barrier", lambda: None)
+    fns = {"a": lambda: order.append("a") or 10.0, "b": lambda: order.append("b") or 20.0}
+    out = bench.sustained_times(fns, SimpleNamespace(sustained=1.0), world=1)
+    assert order == ["a", "b", "b", "a"]
+    # a steady drift of +1 per measurement cancels: a = 10 + (0 + 3) / 2, b = 20 + (1 + 2) / 2
+    assert out["sustained_ms"] == {"a": 11.5, "b": 21.5}
+    assert out["sustained_ms_passes"] == {"a": [10.0, 13.0], "b": [21.0, 22.0]}
