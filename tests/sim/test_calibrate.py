@@ -86,27 +86,12 @@ def test_fit_recovers_a_known_profile(tmp_path):
 
 def test_fit_with_a_per_tile_cost_sets_task_claim(tmp_path):
     """--fit-params ...,tile_ns: the per-tile cost is searched too and lands in fixed_ns.task_claim."""
-    import numpy as np
-
     from weave_sim.calibrate import fit_profile, scaled_profile
-    from weave_sim.engine import simulate_layer
-    from weave_sim.placement import contiguous
-    from weave_sim.presets import ModelPreset
+    from weave_sim.engine.testing import simulated_bench_file
     from weave_sim.profile import profile_from_dict
-    from weave_sim.validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
-    from weave_sim.workload import layer_workload
 
     truth = profile_from_dict(scaled_profile(load_profile().raw, 0.7, 0.6, 20.0, tile_ns=3000))
-    model = ModelPreset("m", 1024, 256, 8, 2, 0, 1)  # short K: the per-tile cost matters
-    ids = np.argsort(np.random.default_rng(0).random((2048, 8)), axis=1)[:, :2]
-    w = layer_workload(ids, model, contiguous(8, 2))
-    lat = {p: simulate_layer(w, truth, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in ("static:4", "static:24")}
-    bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"results": [{
-        "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": 1024, "gpus": 2, "experts": 8, "top_k": 2,
-        "hidden": 1024, "inter": 256, "latency_ms": lat,
-        "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(), "dispatch_rows": w.dispatch_rows.tolist(),
-                   "tokens_per_gpu": [1024, 1024]}}]}))
+    bench = simulated_bench_file(tmp_path / "bench.json", truth, 1024, 256)  # short K: the per-tile cost matters
     prof = fit_profile(bench, rounds=1, iters=3, log=lambda m: None,
                        params=("gemm_scale", "push_scale", "fixed_us", "barrier_us", "tile_ns"))
     x = prof["calibration"]["params"]

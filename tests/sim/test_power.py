@@ -117,22 +117,10 @@ def test_fit_rejects_unknown_parameters(tmp_path):
 
 
 def test_fit_adds_the_power_block_to_its_base(tmp_path):
-    from weave_sim.placement import contiguous
-    from weave_sim.presets import ModelPreset
-    from weave_sim.validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
-    from weave_sim.workload import layer_workload
+    from weave_sim.engine.testing import simulated_bench_file
 
-    model = ModelPreset("m", 1024, 512, 8, 2, 0, 1)
-    ids = np.argsort(np.random.default_rng(0).random((2048, 8)), axis=1)[:, :2]
-    w = layer_workload(ids, model, contiguous(8, 2))
-    prof0 = profile_from_dict(_raw_with_power(None, num_sms=132))
-    lat = {p: simulate_layer(w, prof0, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in ("static:4", "static:24")}
-    bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"results": [{
-        "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": 1024, "gpus": 2, "experts": 8, "top_k": 2,
-        "hidden": 1024, "inter": 512, "latency_ms": lat,
-        "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(), "dispatch_rows": w.dispatch_rows.tolist(),
-                   "tokens_per_gpu": [1024, 1024]}}]}))
+    bench = simulated_bench_file(tmp_path / "bench.json", profile_from_dict(_raw_with_power(None, num_sms=132)),
+                                 1024, 512)
     side = tmp_path / "p.json"
     side.write_text(json.dumps({"power": {"limit_w": 700.0, "points": synthetic_points(PowerModel(**TRUE))}}))
     prof = fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=side)
