@@ -4,7 +4,8 @@
 # fits) and run B (weave with the kernel's default cost profile, a weave:C sweep, static:8/20 and
 # sequential: held out for `weave-sim validate`), decode (128 tokens), and per-SM traces of `weave` on three
 # models. Everything lands in $OUT/results.tgz (the device tool returns at most 8 files). Needs $OUT.
-# Knobs: FINAL_STAGES (default build,test2,test1,sanitize), FINAL_REPEATS (5), FINAL_TAG (file suffix).
+# Knobs: FINAL_STAGES (default build,test2,test1,sanitize), FINAL_REPEATS (5), FINAL_TAG (file suffix),
+# FINAL_SUSTAINED (seconds; unset = no sustained run). The bench interleaves policies and records clocks.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_EXTENSIONS_DIR=/tmp/weave_ext
@@ -17,6 +18,11 @@ bench() { local name=$1; shift; timeout 280 torchrun --nproc_per_node=2 -m weave
 bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
 bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
 bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
+# FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,
+# forward then reverse (bench --sustained; docs/power.md); about 3 min at S=1 on 2 GPUs
+if [ -n "${FINAL_SUSTAINED:-}" ]; then
+  bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained $FINAL_SUSTAINED
+fi
 for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
   bench trace_run_$m --models $m --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 \
     --trace $R/trace_weave_${m}_4096.json --trace-policy weave > /dev/null
