@@ -13,15 +13,15 @@ R=/tmp/results; mkdir -p $R; REAL_OUT=$OUT
 TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
 M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
-bench() { local name=$1; shift; timeout 280 torchrun --nproc_per_node=2 -m weave_kernel.bench --repeats $REP "$@" \
+bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=2 -m weave_kernel.bench --repeats $REP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
 bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
 bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
 bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
 # FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,
-# forward then reverse (bench --sustained; docs/power.md); about 3 min at S=1 on 2 GPUs
+# forward then reverse (bench --sustained; docs/power.md); about 5 min at S=1 (5 min at EP=1 measured)
 if [ -n "${FINAL_SUSTAINED:-}" ]; then
-  bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained $FINAL_SUSTAINED
+  BENCH_TIMEOUT=420 bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained $FINAL_SUSTAINED
 fi
 for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
   bench trace_run_$m --models $m --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 \
