@@ -214,8 +214,9 @@ class Bench:
         return gemm, chunks
 
     def power(self, plan: Plan) -> dict | None:
-        """Sustained GEMM (2048 rows per expert) at plan.power_ctas with this rank's SM clock and board power,
-        every rank at once; the point of the rank that drew the most power. None if nvidia-smi does not answer."""
+        """Sustained GEMM (2048 rows per expert) at plan.power_ctas, then a sustained 1 GiB device copy, with this
+        rank's SM clock and board power, every rank at once; per point the rank that drew the most power. None if
+        nvidia-smi does not answer."""
         if not plan.power_ctas:
             return None
         sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(self.dev).uuid}", period_ms=50).start()
@@ -250,12 +251,24 @@ class Bench:
                         "event_reasons": st.get("event_reasons", [])}
                 points.append(max(self.gather(mine), key=lambda p: p["power_w"] or 0.0))
             self.verify_gemm(a, b, c, e, rows, "power gemm")
+            del a, b, c
+            src = torch.empty(1 << 30, dtype=torch.uint8, device=self.dev)
+            dst = torch.empty_like(src)
+            self.barrier()
+            ms, t0, t1 = sustained_ms(lambda: dst.copy_(src), plan.power_sustain_s)
+            st = sampler.summary(t0, t1) or {}
+            mine = {"tbs": round(2 * src.numel() / (ms * 1e9), 3), "power_w": st.get("power_w_max"),
+                    "sm_mhz": st.get("sm_mhz_median"), "event_reasons": st.get("event_reasons", [])}
+            hbm = max(self.gather(mine), key=lambda p: p["power_w"] or 0.0)
+            del src, dst
         finally:
             sampler.stop()
         limit = power_limit_w(sampler.ident)
         self.log("power: " + ", ".join(f"{p['ctas']}: {p['tflops']:.0f} TF/s {p['sm_mhz']:.0f} MHz "
-                                         f"{p['power_w']:.0f} W" for p in points) + f" (limit {limit} W)")
-        return {"limit_w": limit, "rows_per_expert": rows, "sustain_s": plan.power_sustain_s, "points": points}
+                                         f"{p['power_w']:.0f} W" for p in points)
+                 + f"; HBM copy {hbm['tbs']:.2f} TB/s {hbm['power_w']:.0f} W (limit {limit} W)")
+        return {"limit_w": limit, "rows_per_expert": rows, "sustain_s": plan.power_sustain_s, "points": points,
+                "hbm": hbm}
 
     def claim_ns(self, plan: Plan, ctas: int) -> float:
         """Mean time of one ticket claim per CTA with `ctas` CTAs claiming back to back (median of repeats)."""

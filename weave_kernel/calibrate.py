@@ -21,7 +21,8 @@ in isolation and written as the measurements JSON that `weave-sim calibrate` tur
 - hbm_gbs: torch device-to-device copy of 1 GiB, (bytes read + bytes written) / time.
 - power: the gemm at 2048 rows per expert, sustained (back-to-back calls for a few seconds after 1.5 s idle,
   the last half timed) at several CTA counts, with the SM clock and board power nvidia-smi reports meanwhile
-  (weave_kernel/gpu_state.py) and the board's power limit: where the GPU holds a power cap by lowering its
+  (weave_kernel/gpu_state.py), then a sustained 1 GiB device copy likewise (its power per TB/s), and the board's
+  power limit: where the GPU holds a power cap by lowering its
   clock, `weave-sim calibrate` fits the profile's power model to these points (docs/calibration.md). Left out
   where nvidia-smi does not answer.
 Every rank runs every GPU-local measurement at the same time; only rank 0 writes the file.
@@ -183,7 +184,8 @@ def format_summary(m: dict) -> str:
     pw = m.get("power")
     if pw:
         lines.append(f"sustained gemm (power limit {pw.get('limit_w', '?')} W): " + ", ".join(
-            f"{p['ctas']}: {p['tflops']:.0f} TF/s at {p['sm_mhz']:.0f} MHz {p['power_w']:.0f} W" for p in pw["points"]))
+            f"{p['ctas']}: {p['tflops']:.0f} TF/s at {p['sm_mhz']:.0f} MHz {p['power_w']:.0f} W" for p in pw["points"])
+            + (f"; HBM copy {pw['hbm']['tbs']:.2f} TB/s {pw['hbm']['power_w']:.0f} W" if pw.get("hbm") else ""))
     lines += [f"CHECK FAILED: {msg}" for msg in m.get("failed_checks", [])]
     return "\n".join(lines)
 

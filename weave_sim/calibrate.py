@@ -9,7 +9,8 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
      "task_claim_ns": float, "signal_ns": float,                              # optional fixed costs
      "hbm_gbs": float, "gemm_peak_tflops": float,                             # optional ceilings
      "power": {"limit_w": float, "points": [{"ctas": int, "tflops": float,    # optional: sustained GEMM
-                "sm_mhz": float, "power_w": float}, ...]}}                    # with clock and board power
+                "sm_mhz": float, "power_w": float}, ...],                     # with clock and board power,
+               "hbm": {"tbs": float, "power_w": float, "sm_mhz": float}}}     # and a sustained HBM copy
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
 not measured and records where every number came from.
@@ -74,7 +75,8 @@ def power_model(power: dict) -> dict:
     """The profile's power section (weave_sim.profile.PowerModel) from sustained GEMM points: base_w and
     w_per_tflops by least squares over the points at full clock below the limit (P = base + w R), exponent the
     median over the throttled points of log((P - base) / (w R)) / log(f), f = clock / the highest clock seen;
-    cap_w = the board's limit (else the highest power seen)."""
+    cap_w = the board's limit (else the highest power seen); w_per_tbs = (P - base) / TB/s of the sustained HBM
+    copy (the "hbm" point; 0 without one). The GEMM points' own HBM traffic is not separated out."""
     pts = [p for p in power.get("points", []) if p.get("sm_mhz") and p.get("power_w") and p.get("tflops")]
     if not pts:
         raise CalibrationError("power: no points with clock, power and TFLOP/s")
@@ -91,11 +93,19 @@ def power_model(power: dict) -> dict:
     if not (w > 0 and 0 <= base < cap):
         raise CalibrationError(f"power: implausible fit (base {base:.0f} W, {w:.3f} W per TFLOP/s)")
     expo = [np.log((p["power_w"] - base) / (w * p["tflops"])) / np.log(p["sm_mhz"] / f_max) for p in slow]
-    return {"cap_w": round(cap, 1), "base_w": round(float(base), 1), "w_per_tflops": round(float(w), 4),
-            "exponent": round(float(np.median(expo)), 3), "clock_mhz": f_max,
-            "points": len(pts), "note": ("Board power P = base_w + w_per_tflops * R * f^exponent computing R "
-                                         "TFLOP/s at clock fraction f; above cap_w the clock falls "
-                                         "(weave_sim.profile.PowerModel). Fitted to sustained GEMM runs.")}
+    out = {"cap_w": round(cap, 1), "base_w": round(float(base), 1), "w_per_tflops": round(float(w), 4),
+           "exponent": round(float(np.median(expo)), 3), "clock_mhz": f_max, "points": len(pts),
+           "note": ("Board power P = base_w + w_per_tflops * R * f^exponent + w_per_tbs * B computing R TFLOP/s "
+                    "and moving B TB/s through HBM at clock fraction f; above cap_w the clock falls "
+                    "(weave_sim.profile.PowerModel). Fitted to sustained GEMM runs and a sustained HBM copy.")}
+    hbm = power.get("hbm")
+    if hbm:
+        if not (hbm.get("tbs", 0) > 0 and hbm.get("power_w", 0) > base):
+            raise CalibrationError(f"power: bad hbm point {hbm}")
+        if hbm.get("sm_mhz", f_max) < 0.97 * f_max:
+            raise CalibrationError("power: the HBM copy ran throttled; its W per TB/s would be too low")
+        out["w_per_tbs"] = round(float((float(hbm["power_w"]) - base) / float(hbm["tbs"])), 3)
+    return out
 
 
 def build_profile(measurements: dict, base: str = "h200", name: str | None = None) -> dict:

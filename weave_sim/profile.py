@@ -25,30 +25,48 @@ _POWER_KEYS = {"cap_w", "base_w", "w_per_tflops", "exponent"}
 
 @dataclass(frozen=True)
 class PowerModel:
-    """The board's power cap and the power GEMM work draws, for the SM clock a sustained layer can hold.
+    """The board's power cap and the power GEMM work and HBM traffic draw, for the SM clock a sustained layer
+    can hold.
 
     With the SMs at clock f (a fraction of the clock the profile's GEMM rates hold at, f <= 1) computing R
-    TFLOP/s: P = base_w + w_per_tflops * R * f ** exponent (the energy per FLOP falls with the clock, as the
-    voltage does). Where P exceeds cap_w the chip lowers the clock until it does not (the H200: sw_power_cap
-    at 700 W). Fitted to sustained runs of the kernel's own tiles at several CTA counts (power_probe in
-    `python -m weave_kernel.calibrate`; docs/calibration.md)."""
+    TFLOP/s while moving B TB/s through HBM: P = base_w + w_per_tflops * R * f ** exponent + w_per_tbs * B
+    (the energy per FLOP falls with the clock, as the voltage does; HBM's does not). Where P exceeds cap_w the
+    chip lowers the clock until it does not (the H200: sw_power_cap at 700 W). Fitted to sustained runs of the
+    kernel's own tiles at several CTA counts and a sustained HBM copy (power block of
+    `python -m weave_kernel.calibrate`; docs/power.md)."""
 
     cap_w: float
     base_w: float
     w_per_tflops: float
     exponent: float
+    w_per_tbs: float = 0.0
     min_clock: float = 0.3  # never predict below this fraction (outside anything measured)
 
-    def watts(self, tflops, clock) -> np.ndarray:
-        """Board power computing `tflops` (achieved) at clock fraction `clock`."""
-        return self.base_w + self.w_per_tflops * np.asarray(tflops) * np.asarray(clock) ** self.exponent
+    def watts(self, tflops, clock, tbs=0.0) -> np.ndarray:
+        """Board power computing `tflops` and moving `tbs` TB/s through HBM (both achieved) at clock fraction
+        `clock`."""
+        return (self.base_w + self.w_per_tflops * np.asarray(tflops) * np.asarray(clock) ** self.exponent
+                + self.w_per_tbs * np.asarray(tbs))
 
-    def clock(self, tflops, clock) -> np.ndarray:
-        """The clock fraction the cap allows for work that achieved `tflops` at clock fraction `clock`, its rate
-        taken to scale with the clock (array-friendly)."""
-        r1 = np.maximum(np.asarray(tflops, dtype=np.float64), 1e-9) / np.asarray(clock, dtype=np.float64)
-        f = ((self.cap_w - self.base_w) / (self.w_per_tflops * r1)) ** (1.0 / (1.0 + self.exponent))
-        return np.clip(f, self.min_clock, 1.0)
+    def clock(self, tflops, clock, tbs=0.0) -> np.ndarray:
+        """The clock fraction the cap allows for work that achieved `tflops` and `tbs` at clock fraction
+        `clock`, both rates taken to scale with the clock (array-friendly; bisection)."""
+        f0 = np.asarray(clock, dtype=np.float64)
+        r1 = np.maximum(np.asarray(tflops, dtype=np.float64), 0.0) / f0
+        b1 = np.maximum(np.asarray(tbs, dtype=np.float64), 0.0) / f0
+        r1, b1 = np.broadcast_arrays(r1, b1)
+
+        def over(f):
+            return self.watts(r1 * f, f, b1 * f) - self.cap_w
+
+        lo, hi = np.full(r1.shape, self.min_clock), np.ones(r1.shape)
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            high = over(mid) > 0
+            hi = np.where(high, mid, hi)
+            lo = np.where(high, lo, mid)
+        f = np.where(over(np.ones(r1.shape)) <= 0, 1.0, np.where(over(lo) > 0, self.min_clock, lo))
+        return f if f.ndim else float(f)
 
 
 class ProfileError(ValueError):
@@ -153,6 +171,8 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         pw = data["power"]
         need(isinstance(pw, dict) and _POWER_KEYS <= set(pw), f"power needs {sorted(_POWER_KEYS)}")
         vals = {k: float(pw[k]) for k in _POWER_KEYS}
+        vals["w_per_tbs"] = float(pw.get("w_per_tbs", 0.0))
+        need(vals["w_per_tbs"] >= 0, "power: w_per_tbs must be >= 0")
         need(vals["cap_w"] > vals["base_w"] >= 0, "power: cap_w must exceed base_w >= 0")
         need(vals["w_per_tflops"] > 0 and vals["exponent"] >= 0, "power: w_per_tflops > 0 and exponent >= 0")
         power = PowerModel(**vals)

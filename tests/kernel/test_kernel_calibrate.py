@@ -31,8 +31,18 @@ def synthetic(plan: cal.Plan = cal.FULL, world: int = 2) -> dict:
     gemm = [{"ctas": n or 132, "rows_per_expert": r, "tflops": (n or 132) * min(3.6, r / 40), "experts": 8}
             for r in plan.gemm_rows for n in plan.gemm_ctas]
     chunks = [{"chunks": k, "time_ns": 1e6 * (1 + 0.01 * k)} for k in plan.chunk_counts]
+    power = None
+    if plan.power_ctas:  # sustained points as calib_runs.Bench.power writes them: the cap holds from 99 CTAs
+        pts = []
+        for n in plan.power_ctas:
+            ctas = n or 132
+            f = min(1.0, (99.0 / ctas) ** 0.4)
+            pts.append({"ctas": ctas, "tflops": 4.5 * ctas * f, "sm_mhz": 1980.0 * f,
+                        "power_w": min(700.0, 130.0 + 1.3 * 4.5 * ctas * f ** 2.7), "event_reasons": []})
+        power = {"limit_w": 700.0, "rows_per_expert": 2048, "sustain_s": plan.power_sustain_s, "points": pts,
+                 "hbm": {"tbs": 4.2, "power_w": 480.0, "sm_mhz": 1980.0, "event_reasons": []}}
     return cal.assemble(HEADER, push, gemm, chunks, task_claim_ns=412.3, signal_ns=1234.5, hbm_gbs=4100.0,
-                        extra={"world": world})
+                        power=power, extra={"world": world})
 
 
 def test_synthetic_run_makes_a_valid_profile():
@@ -47,6 +57,9 @@ def test_synthetic_run_makes_a_valid_profile():
     assert set(p.chunk_eff) == set(cal.FULL.chunk_counts) and p.efficiency(8) == pytest.approx(1.01 / 1.08, rel=1e-5)
     text = cal.format_summary(m)
     assert "push GB/s" in text and "gemm TFLOP/s" in text and "task_claim 412 ns" in text
+    assert "sustained gemm" in text and "HBM copy 4.20 TB/s" in text
+    assert p.power is not None and p.power.cap_w == 700.0
+    assert p.power.w_per_tbs == pytest.approx((480.0 - p.power.base_w) / 4.2, rel=1e-3)
 
 
 def test_quick_plan_is_also_a_valid_profile():

@@ -44,7 +44,26 @@ def test_power_fit_recovers_the_model():
     got = power_model({"limit_w": 700.0, "points": pts})
     for k, v in TRUE.items():
         assert got[k] == pytest.approx(v, rel=2e-3), k
-    assert got["clock_mhz"] == 1980.0
+    assert got["clock_mhz"] == 1980.0 and "w_per_tbs" not in got
+    # a sustained HBM copy at full clock gives the power per TB/s
+    hbm = {"tbs": 4.0, "power_w": TRUE["base_w"] + 4.0 * 80.0, "sm_mhz": 1980.0}
+    got = power_model({"limit_w": 700.0, "points": pts, "hbm": hbm})
+    assert got["w_per_tbs"] == pytest.approx(80.0, rel=2e-3)
+    with pytest.raises(CalibrationError, match="throttled"):
+        power_model({"limit_w": 700.0, "points": pts, "hbm": {**hbm, "sm_mhz": 1500.0}})
+    with pytest.raises(CalibrationError, match="bad hbm point"):
+        power_model({"limit_w": 700.0, "points": pts, "hbm": {"tbs": 0.0, "power_w": 300.0}})
+
+
+def test_clock_with_hbm_traffic_holds_the_cap():
+    m = PowerModel(**TRUE, w_per_tbs=80.0)
+    assert m.clock(200.0, 1.0, 1.0) == 1.0  # 120 + 280 + 80 = 480 W
+    f = float(m.clock(450.0, 1.0, 3.0))  # 120 + 630 + 240 at full clock
+    assert f < float(PowerModel(**TRUE).clock(450.0, 1.0))  # HBM power leaves less for the SMs
+    assert float(m.watts(450.0 * f, f, 3.0 * f)) == pytest.approx(700.0, rel=1e-6)
+    # vectorised over GPUs
+    both = m.clock(np.array([200.0, 450.0]), np.ones(2), np.array([1.0, 3.0]))
+    assert both[0] == 1.0 and both[1] == pytest.approx(f)
 
 
 def test_power_fit_refuses_what_it_cannot_fit():
@@ -71,6 +90,9 @@ def test_profile_checks_the_power_section():
         profile_from_dict(_raw_with_power({"cap_w": 700.0}))
     with pytest.raises(ProfileError, match="cap_w must exceed"):
         profile_from_dict(_raw_with_power({**TRUE, "base_w": 800.0}))
+    with pytest.raises(ProfileError, match="w_per_tbs"):
+        profile_from_dict(_raw_with_power({**TRUE, "w_per_tbs": -1.0}))
+    assert profile_from_dict(_raw_with_power({**TRUE, "w_per_tbs": 80.0})).power.w_per_tbs == 80.0
 
 
 def test_engine_lowers_the_clock_only_above_the_cap():

@@ -103,8 +103,9 @@ class SimContext:
 
     def simulate(self, plan: Plan) -> LayerResult:
         """One run of the engine; with a power model in the profile, runs until the SM clock is consistent with
-        the layer's GEMM load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs over
-        its latency give the power and so the clock the cap allows, and the layer is simulated again at that
+        the layer's GEMM load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs and
+        the weight bytes it streams from HBM (each active expert's once) over its latency give the power and so
+        the clock the cap allows, and the layer is simulated again at that
         clock (the power a layer draws is what a stream of such layers averages to: the cap is held over many
         layers). From full clock the clocks only fall and settle. The result's `gemm_clock` is the clock per GPU
         it ran at (None without a power model)."""
@@ -115,7 +116,8 @@ class SimContext:
             res = self._simulate_once(plan, clock, t0)
             if power is None:
                 return res
-            new = power.clock(gemm_tflops(res), clock)
+            tbs = np.asarray(self.workload.weight_bytes, dtype=np.float64) / max(res.latency_ns, 1) / 1e3
+            new = power.clock(gemm_tflops(res), clock, tbs)
             if np.max(np.abs(new - clock)) < POWER_TOLERANCE:
                 break
             clock = new
