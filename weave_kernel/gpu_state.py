@@ -61,7 +61,9 @@ def summarize(samples: list[tuple[float, dict]], t0: float, t1: float) -> dict |
         mask |= s["reasons"]
     clocks = [s["sm_mhz"] for s in inside]
     return {"samples": len(inside), "sm_mhz_min": min(clocks), "sm_mhz_median": statistics.median(clocks),
-            "power_w_max": max(s["power_w"] for s in inside), "temp_c_max": max(s["temp_c"] for s in inside),
+            "power_w_max": max(s["power_w"] for s in inside),
+            "power_w_median": statistics.median(s["power_w"] for s in inside),
+            "temp_c_max": max(s["temp_c"] for s in inside),
             "event_reasons": decode_reasons(mask & ~0x1)}  # gpu_idle: between calls, not a slowdown
 
 
