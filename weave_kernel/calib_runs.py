@@ -248,7 +248,8 @@ class Bench:
                 st = sampler.summary(t0, t1) or {}
                 mine = {"ctas": ctas, "tflops": round(useful_tflops(e, rows, ms), 1),
                         "sm_mhz": st.get("sm_mhz_median"), "power_w": st.get("power_w_max"),
-                        "event_reasons": st.get("event_reasons", [])}
+                        "power_w_median": st.get("power_w_median"), "event_reasons": st.get("event_reasons", []),
+                        "gpu": st.get("gpu")}
                 points.append(max(self.gather(mine), key=lambda p: p["power_w"] or 0.0))
             self.verify_gemm(a, b, c, e, rows, "power gemm")
             del a, b, c
@@ -258,7 +259,8 @@ class Bench:
             ms, t0, t1 = sustained_ms(lambda: dst.copy_(src), plan.power_sustain_s)
             st = sampler.summary(t0, t1) or {}
             mine = {"tbs": round(2 * src.numel() / (ms * 1e9), 3), "power_w": st.get("power_w_max"),
-                    "sm_mhz": st.get("sm_mhz_median"), "event_reasons": st.get("event_reasons", [])}
+                    "power_w_median": st.get("power_w_median"), "sm_mhz": st.get("sm_mhz_median"),
+                    "event_reasons": st.get("event_reasons", []), "gpu": st.get("gpu")}
             hbm = max(self.gather(mine), key=lambda p: p["power_w"] or 0.0)
             del src, dst
         finally:

@@ -177,7 +177,10 @@ class GpuStateSampler:
                 self.samples.append((time.time(), s))
 
     def summary(self, t0: float, t1: float) -> dict | None:
-        return summarize(list(self.samples), t0, t1)
+        """summarize() of this GPU's samples in [t0, t1], with the GPU it sampled (`gpu`: the ident, a UUID
+        where one was given: each device call may land on another board, and boards differ in power)."""
+        out = summarize(list(self.samples), t0, t1)
+        return None if out is None else {**out, "gpu": self.ident}
 
     def stop(self) -> None:
         if self._proc is not None:

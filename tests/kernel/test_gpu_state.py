@@ -31,6 +31,14 @@ def test_summarize_window_and_nearest_sample():
     assert summarize([], 0.0, 1.0) is None
 
 
+def test_sampler_summary_names_the_gpu():
+    s = GpuStateSampler("GPU-1234")
+    assert s.summary(0.0, 1.0) is None
+    s.samples.append((0.5, {"sm_mhz": 1980.0, "power_w": 300.0, "temp_c": 40.0, "reasons": 0}))
+    got = s.summary(0.0, 1.0)
+    assert got["gpu"] == "GPU-1234" and got["power_w_median"] == 300.0
+
+
 def test_sampler_records_nothing_without_nvidia_smi(monkeypatch):
     monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)
     s = GpuStateSampler("0").start()
