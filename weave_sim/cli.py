@@ -93,6 +93,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
              for r in rows]
     print(format_table(["model", "tokens/GPU", "regret: sim's static pick", "regret: kernel's c*",
                         "weave gain predicted", "measured"], gains))
+    clocks = [[r.model, r.tokens_per_gpu,
+               "-" if not r.measured_mhz else "/".join(f"{m:.0f}" if m else "?" for m in r.measured_mhz),
+               "/".join(f"{min(v[g] for v in r.predicted_mhz.values()):.0f}-{max(v[g] for v in r.predicted_mhz.values()):.0f}"
+                        for g in range(r.gpus))]
+              for r in rows if r.predicted_mhz]
+    if clocks:
+        print(format_table(["model", "tokens/GPU", "measured SM MHz per GPU", "predicted MHz per GPU (over policies)"],
+                           clocks, "SM clock: the benchmark's reading (all policies of a configuration) and the "
+                                   "power model's (docs/power.md)"))
     for r in rows:
         for note in r.notes:
             print(f"note: {r.model}/{r.tokens_per_gpu}: {note}")

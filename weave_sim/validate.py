@@ -41,6 +41,8 @@ class ConfigValidation:
     regret_weave: float | None = None  # measured weave over the best measured weave:C (the kernel's own choice)
     gain_predicted: float | None = None
     gain_measured: float | None = None
+    predicted_mhz: dict = field(default_factory=dict)  # policy -> SM clock per GPU (profiles with a power model)
+    measured_mhz: list | None = None  # per rank, the configuration's median SM clock (bench's gpu_state)
     notes: list = field(default_factory=list)
     traces: list = field(default_factory=list)
 
@@ -68,6 +70,9 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
     w = _layer_from_result(r)
     measured = {p: float(t) for p, t in r["latency_ms"].items() if p != "reference"}
     out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})
+    state = r.get("gpu_state")
+    if isinstance(state, list) and all(isinstance(g, dict) for g in state):
+        out.measured_mhz = [g.get("sm_mhz_median") for g in state]
     for pol in measured:
         keep = trace_dir is not None and pol in TRACE_POLICIES
         try:
@@ -77,6 +82,9 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
             out.notes.append(f"{pol}: not simulated ({exc})")
             continue
         out.predicted_ms[pol] = res.latency_ns / 1e6
+        if res.gemm_clock is not None:
+            mhz = float((profile.raw.get("power") or {}).get("clock_mhz", 1980.0))
+            out.predicted_mhz[pol] = [round(float(c) * mhz, 1) for c in res.gemm_clock]
         if keep:
             name = f"sim_{r['model']}_{r['tokens_per_gpu']}_{pol.replace(':', '-')}.json"
             out.traces.append(str(write_chrome_trace(res, Path(trace_dir) / name)))

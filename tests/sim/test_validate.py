@@ -119,3 +119,26 @@ def test_timeline_stats_rejects_non_traces(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="Chrome trace"):
         busy_stats(bad)
+
+
+def test_clocks_measured_and_predicted(tmp_path, capsys):
+    """With a power model in the profile, validate reports the clock it predicts next to the bench's reading."""
+    import copy
+
+    from weave_sim.profile import profile_from_dict
+
+    path = bench_file(tmp_path, {"static:8": 1.0, "static:32": 1.0})
+    data = json.loads(path.read_text())
+    data["results"][0]["gpu_state"] = [{"sm_mhz_median": 1800.0}, {"sm_mhz_median": 1750.0}]
+    path.write_text(json.dumps(data))
+    (row,) = validate_file(path, PROFILE)
+    assert row.measured_mhz == [1800.0, 1750.0] and row.predicted_mhz == {}  # the seed has no power model
+    raw = copy.deepcopy(PROFILE.raw)
+    raw["power"] = {"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 50.0, "exponent": 1.5, "clock_mhz": 1980.0}
+    prof_path = tmp_path / "power.json"
+    prof_path.write_text(json.dumps(raw))
+    (row,) = validate_file(path, profile_from_dict(raw))
+    assert set(row.predicted_mhz) == {"static:8", "static:32"}
+    assert all(0.3 * 1980 <= m < 1980 for v in row.predicted_mhz.values() for m in v)  # this load is capped
+    assert main(["validate", str(path), "--profile", str(prof_path), "--out", str(tmp_path / "o")]) == 0
+    assert "SM clock" in capsys.readouterr().out
