@@ -47,7 +47,7 @@ def main() -> int:
             st = sampler.summary(t0, t1) or {}
             row = {"round": i, "what": name, "rate": unit / ms, "rate_unit": "TB/s" if name == "copy" else "TFLOP/s",
                    **{k: st.get(k) for k in ("sm_mhz_median", "power_w_max", "power_w_median", "temp_c_max",
-                                               "event_reasons", "samples")}}
+                                               "event_reasons", "samples", "gpu")}}
             out.append(row)
             print(f"round {i} {name}: {row['rate']:.2f} {row['rate_unit']}, {row['sm_mhz_median']} MHz, power max "
                   f"{row['power_w_max']} W median {row['power_w_median']} W, {row['temp_c_max']} C", flush=True)
