@@ -400,9 +400,7 @@ def main(argv=None) -> int:
 
     sampler = None
     if not args.no_gpu_state:
-        sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}").start()
-        if sampler.reason_field is None:  # nvidia-smi did not take the UUID: try the device index
-            sampler = GpuStateSampler(str(dev.index)).start()
+        sampler = GpuStateSampler.for_device(dev)
     warm_gpu(args.warm_gpu_s, dev)
     for name in args.models.split(","):
         model = get_model(name)

@@ -219,9 +219,7 @@ class Bench:
         nvidia-smi does not answer."""
         if not plan.power_ctas:
             return None
-        sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(self.dev).uuid}", period_ms=50).start()
-        if sampler.reason_field is None:
-            sampler = GpuStateSampler(str(self.dev.index), period_ms=50).start()
+        sampler = GpuStateSampler.for_device(self.dev, period_ms=50)
         ok = all(self.gather(sampler.reason_field is not None))
         if not ok:
             sampler.stop()

@@ -1,9 +1,10 @@
 """What a GPU was doing while a benchmark ran: SM clock, power draw, temperature and the reasons the driver gives
 for holding the clocks back, sampled in the background by `nvidia-smi` (no Python bindings needed).
 
-    with GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}") as s:
-        t0 = time.time(); ...; t1 = time.time()
-        print(s.summary(t0, t1))   # {'sm_mhz_min': ..., 'sm_mhz_median': ..., 'power_w_max': ..., ...}
+    s = GpuStateSampler.for_device(dev)
+    t0 = time.time(); ...; t1 = time.time()
+    print(s.summary(t0, t1))   # {'sm_mhz_min': ..., 'sm_mhz_median': ..., 'power_w_max': ..., ...}
+    s.stop()
 
 Sustained tensor work can make a GPU lower its clocks (power cap, temperature); a long benchmark sweep then
 times its last configurations on a slower chip than its first. The summary of each configuration's window says
@@ -150,6 +151,15 @@ class GpuStateSampler:
         cmd = ["nvidia-smi", "-i", self.ident, f"--query-gpu={','.join(FIELDS + (reason_field,))}",
                "--format=csv,noheader,nounits"]
         return cmd + [f"-lms={self.period_ms}"] if loop else cmd
+
+    @classmethod
+    def for_device(cls, dev, period_ms: int = 100) -> GpuStateSampler:
+        """A started sampler of torch device `dev`: by its UUID, else (nvidia-smi did not take it) its index.
+        Records nothing where nvidia-smi does not answer (reason_field None)."""
+        import torch
+
+        s = cls(f"GPU-{torch.cuda.get_device_properties(dev).uuid}", period_ms).start()
+        return s if s.reason_field is not None else cls(str(torch.device(dev).index or 0), period_ms).start()
 
     def start(self) -> GpuStateSampler:
         if shutil.which("nvidia-smi") is None:

@@ -39,9 +39,7 @@ def main() -> int:
     ap.add_argument("--out", default="power_layers.json")
     args = ap.parse_args()
     rank, world, dev = init_ranks()
-    sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}", period_ms=50).start()
-    if sampler.reason_field is None:
-        sampler = GpuStateSampler(str(dev.index), period_ms=50).start()
+    sampler = GpuStateSampler.for_device(dev, period_ms=50)
     lay_args = SimpleNamespace(seed=0, cost_profile=DEFAULT_COST_PROFILE, trace="", ab_csrc="")
     results = []
     for name in args.models.split(","):

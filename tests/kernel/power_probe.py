@@ -43,9 +43,7 @@ def main() -> int:
     args = ap.parse_args()
     bench = Bench.start()
     dev = bench.dev
-    sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}", period_ms=50).start()
-    if sampler.reason_field is None:
-        sampler = GpuStateSampler(str(dev.index), period_ms=50).start()
+    sampler = GpuStateSampler.for_device(dev, period_ms=50)
     rows_out = []
 
     x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)

@@ -25,9 +25,7 @@ def main() -> int:
     args = ap.parse_args()
     bench = Bench.start()
     dev = bench.dev
-    sampler = GpuStateSampler(f"GPU-{torch.cuda.get_device_properties(dev).uuid}", period_ms=50).start()
-    if sampler.reason_field is None:
-        sampler = GpuStateSampler(str(dev.index), period_ms=50).start()
+    sampler = GpuStateSampler.for_device(dev, period_ms=50)
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     rows = 2048

@@ -91,3 +91,14 @@ def test_sustained_times_run_forward_then_reverse(monkeypatch):
     # a steady drift of +1 per measurement cancels: a = 10 + (0 + 3) / 2, b = 20 + (1 + 2) / 2
     assert out["sustained_ms"] == {"a": 11.5, "b": 21.5}
     assert out["sustained_ms_passes"] == {"a": [10.0, 13.0], "b": [21.0, 22.0]}
+
+
+def test_for_device_falls_back_to_the_index(monkeypatch):
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: types.SimpleNamespace(uuid="abcd"))
+    monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)  # nvidia-smi answers nothing
+    s = GpuStateSampler.for_device(torch.device("cuda", 3))
+    assert s.ident == "3" and s.reason_field is None and s.summary(0.0, 1.0) is None
