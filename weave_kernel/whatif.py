@@ -8,6 +8,9 @@ Variants (--variant):
             row block waits for tokens from all of it, not for one contiguous piece). Combine stays per pair.
   gemm:S    every GEMM tile S times faster inside the layer (the profile's per-SM rates x S, peak capped by the
             base profile's): what a faster tile would be worth once dispatch, waits and the fixed phases stay.
+            With a power model in the profile the faster tile also draws more power (same energy per FLOP).
+  energy:S  the tile's energy per FLOP x S (the power model's w_per_tflops; needs a profile with one, e.g.
+            h200-megakernel-power): what a more frugal tile is worth where the board's power cap holds the clock.
 Both sides are simulated under the engine's model of the kernel with the same profile, so the ratio is what the
 simulator expects the change to gain (its held-out error on the kernel as built is in docs/results.md).
 
@@ -59,17 +62,28 @@ def gemm_scaled(profile, speedup: float):
     return profile_from_dict(prof, origin=f"{profile.name} x{speedup} GEMM")
 
 
+def energy_scaled(profile, factor: float):
+    """`profile` with the power model's energy per FLOP x factor."""
+    if profile.power is None:
+        raise ValueError(f"energy:S needs a profile with a power model; {profile.name} has none "
+                         "(use --profile h200-megakernel-power)")
+    raw = json.loads(json.dumps(profile.raw))
+    raw["power"]["w_per_tflops"] = raw["power"]["w_per_tflops"] * factor
+    return profile_from_dict(raw, origin=f"{profile.name} x{factor} energy per FLOP")
+
+
 def parse_variant(text: str) -> tuple[str, float]:
     if text == "dedup":
         return "dedup", 1.0
-    if text.startswith("gemm:"):
-        try:
-            s = float(text.split(":", 1)[1])
-        except ValueError:
-            s = 0.0
-        if s > 0:
-            return "gemm", s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup' or 'gemm:S' with S > 0 (e.g. gemm:1.2)")
+    for kind in ("gemm", "energy"):
+        if text.startswith(kind + ":"):
+            try:
+                s = float(text.split(":", 1)[1])
+            except ValueError:
+                s = 0.0
+            if s > 0:
+                return kind, s
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S' or 'energy:S' with S > 0 (e.g. gemm:1.2)")
 
 
 def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str = "dedup") -> dict:
@@ -85,8 +99,10 @@ def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str 
         changed = workload_from_counts(pairs, distinct_dispatch_rows(result, seed, zipf_s), model, placement,
                                        c["tokens_per_gpu"])
         changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
-    else:
+    elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
+    else:
+        changed, changed_opts, changed_profile = as_built, opts, energy_scaled(profile, speedup)
     out = {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "variant": variant,
            "measured_ms": {p: result["latency_ms"].get(p.split(":", 1)[1]) for p in POLICIES},
            "dispatch_rows_sent": {"pairs": int(as_built.dispatch_rows_out.sum()),
@@ -108,7 +124,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
-    ap.add_argument("--variant", default="dedup", help="dedup, or gemm:S (tiles S times faster)")
+    ap.add_argument("--variant", default="dedup",
+                    help="dedup, gemm:S (tiles S times faster) or energy:S (energy per FLOP x S; power profiles)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
@@ -117,17 +134,19 @@ def main(argv=None) -> int:
     seed, zipf_s = int(cfg.get("seed", 0)), float(cfg.get("zipf", 1.0))
     keep = {int(t) for t in args.tokens.split(",") if t}
     try:
-        parse_variant(args.variant)
+        kind, factor = parse_variant(args.variant)
+        profile = load_profile(args.profile)
+        if kind == "energy":
+            energy_scaled(profile, factor)
     except ValueError as exc:
         ap.error(str(exc))
-    profile = load_profile(args.profile)
     picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
     if not picked or any("counts" not in r for r in picked):
         ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
                  f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
     rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in picked]
-    what = ("dispatch de-duplicated per destination GPU" if args.variant == "dedup"
-            else f"GEMM tiles {parse_variant(args.variant)[1]}x faster")
+    what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
+            "energy": f"GEMM energy per FLOP x{factor}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")

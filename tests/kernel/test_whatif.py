@@ -58,6 +58,25 @@ def test_whatif_faster_gemm_is_never_slower_and_bad_variant_is_named():
             parse_variant(bad)
 
 
+def test_whatif_energy_needs_a_power_profile_and_never_slows():
+    import pytest
+
+    r = _result(top_k=4, tokens=1024)
+    with pytest.raises(ValueError, match="power model"):
+        whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0, variant="energy:0.9")
+    out = whatif_result(r, load_profile("h200-megakernel-power"), seed=3, zipf_s=1.0, variant="energy:0.5")
+    for p in out["as_built"]:
+        assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
+    # a cap this small layer does reach (130 W): half the energy per FLOP buys clock, so time
+    from weave_sim.profile import profile_from_dict
+
+    raw = load_profile("h200-megakernel-power").to_dict()
+    low = profile_from_dict({**raw, "power": {**raw["power"], "cap_w": 130.0}})
+    out = whatif_result(r, low, seed=3, zipf_s=1.0, variant="energy:0.5")
+    for p in out["as_built"]:
+        assert out["changed"][p] < out["as_built"][p] * 0.99, p
+
+
 def test_whatif_cli_names_missing_counts(tmp_path, capsys):
     import json
 
