@@ -150,3 +150,22 @@ def test_fit_adds_the_power_block_to_its_base(tmp_path):
     assert "power model" in prof["source"] and profile_from_dict(prof).power is not None
     with pytest.raises(CalibrationError, match="no power block"):
         fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=bench)
+
+
+def test_shipped_power_profile_matches_its_measurements():
+    """h200-megakernel-power's power section is what weave-sim calibrate makes of the committed measurements it
+    names; the rest is the fit recorded in it (docs/results.md gives the command)."""
+    from pathlib import Path
+
+    from weave_sim.profile import load_profile
+
+    root = Path(__file__).resolve().parents[2]
+    prof = load_profile("h200-megakernel-power")
+    raw = prof.raw
+    src = root / raw["calibration"]["power_from"]
+    expect = power_model(json.loads(src.read_text())["power"])
+    assert {k: raw["power"][k] for k in expect} == expect
+    assert prof.power == PowerModel(cap_w=expect["cap_w"], base_w=expect["base_w"],
+                                    w_per_tflops=expect["w_per_tflops"], exponent=expect["exponent"])
+    assert raw["calibration"]["base"] == "h200-calibrated"
+    assert set(raw["calibration"]["params"]) == {"gemm_scale", "push_scale", "fixed_us", "barrier_us"}
