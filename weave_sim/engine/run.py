@@ -103,12 +103,12 @@ class SimContext:
 
     def simulate(self, plan: Plan) -> LayerResult:
         """One run of the engine; with a power model in the profile, runs until the SM clock is consistent with
-        the layer's GEMM load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs and
-        the weight bytes it streams from HBM (each active expert's once) over its latency give the power and so
-        the clock the cap allows, and the layer is simulated again at that
-        clock (the power a layer draws is what a stream of such layers averages to: the cap is held over many
-        layers). From full clock the clocks only fall and settle. The result's `gemm_clock` is the clock per GPU
-        it ran at (None without a power model)."""
+        the layer's load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs and the
+        weight bytes it streams from HBM (each active expert's once) over its latency give the power and so the
+        clock the cap allows, and the layer is simulated again at that clock. The power a layer draws is taken
+        to be what a stream of such layers averages to (the cap is held over many layers). From full clock the
+        clocks only fall and settle. The result's `gemm_clock` is the clock per GPU it ran at (None without a
+        power model)."""
         t0 = time.perf_counter()
         power = self.profile.power
         clock = None if power is None else np.ones(self.num_gpus)
