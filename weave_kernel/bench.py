@@ -375,6 +375,12 @@ def weave_geomeans(rows: list[dict]) -> dict:
     return out
 
 
+def run_header(args, world: int, gpu: str) -> str:
+    return (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
+            f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
+            f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.repeats < 1 or args.calls_per_rep < 1 or args.warmup < 0:
@@ -386,9 +392,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(dev)
 
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
-        header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
-                  f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
-                  f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
+        header = run_header(args, world, gpu)
         doc = {"header": header, "complete": final, "config": vars(args), "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
@@ -424,9 +428,7 @@ def main(argv=None) -> int:
                 dump(False)
         del layer, w13, w2
         torch.cuda.empty_cache()
-    header = (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
-              f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
-              f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
+    header = run_header(args, world, gpu)
     if rank == 0:
         def geomean(v):
             return float(np.exp(np.mean(np.log(v)))) if v else float("nan")

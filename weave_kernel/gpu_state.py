@@ -162,7 +162,8 @@ class GpuStateSampler:
         return s if s.reason_field is not None else cls(str(torch.device(dev).index or 0), period_ms).start()
 
     def start(self) -> GpuStateSampler:
-        if shutil.which("nvidia-smi") is None:
+        """Start sampling (once: a started sampler is returned as it is)."""
+        if self._proc is not None or shutil.which("nvidia-smi") is None:
             return self
         for field in REASON_FIELDS:  # the first field name this driver accepts
             try:
@@ -200,9 +201,3 @@ class GpuStateSampler:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
             self._proc = None
-
-    def __enter__(self) -> GpuStateSampler:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

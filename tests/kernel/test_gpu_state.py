@@ -102,3 +102,15 @@ def test_for_device_falls_back_to_the_index(monkeypatch):
     monkeypatch.setattr(gpu_state.shutil, "which", lambda name: None)  # nvidia-smi answers nothing
     s = GpuStateSampler.for_device(torch.device("cuda", 3))
     assert s.ident == "3" and s.reason_field is None and s.summary(0.0, 1.0) is None
+
+
+def test_start_is_idempotent(monkeypatch):
+    s = GpuStateSampler("0")
+    s._proc = object()  # as if started: a second start must not launch another nvidia-smi
+    def forbidden(*a, **k):
+        raise AssertionError("a started sampler queried nvidia-smi again")
+
+    monkeypatch.setattr(gpu_state.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(gpu_state.subprocess, "run", forbidden)
+    monkeypatch.setattr(gpu_state.subprocess, "Popen", forbidden)
+    assert s.start() is s
