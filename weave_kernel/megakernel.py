@@ -108,17 +108,26 @@ class MoEMegakernel:
 
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE, ext=None):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
+                 num_ctas: int | None = None):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
-        package's own."""
+        package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
+        (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
+        set by `connect`). `num_ctas`: the grid (default: one CTA per SM)."""
         import torch.distributed as dist
 
         from .build import load_extension
 
-        self.distributed = dist.is_available() and dist.is_initialized()
+        self.virtual = virtual is not None
+        self.distributed = not self.virtual and dist.is_available() and dist.is_initialized()
         self.group = group
-        self.world = dist.get_world_size(group) if self.distributed else 1
-        self.rank = dist.get_rank(group) if self.distributed else 0
+        if self.virtual:
+            self.rank, self.world = (int(v) for v in virtual)
+            if not 0 <= self.rank < self.world:
+                raise ValueError(f"virtual rank {self.rank} outside [0, {self.world})")
+        else:
+            self.world = dist.get_world_size(group) if self.distributed else 1
+            self.rank = dist.get_rank(group) if self.distributed else 0
         check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus)
         if placement.num_experts != num_experts:
             raise ValueError(f"placement has {placement.num_experts} experts, the layer {num_experts}")
@@ -130,9 +139,14 @@ class MoEMegakernel:
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.timeout_ns = int(timeout_s * 1e9)
         self.ext = ext if ext is not None else load_extension()
-        self.num_ctas = self.ext.max_ctas(self.device.index)
-        if self.num_ctas <= 0:
+        max_ctas = self.ext.max_ctas(self.device.index)
+        if max_ctas <= 0:
             raise RuntimeError("the megakernel does not fit one CTA per SM on this device")
+        self.num_ctas = max_ctas if num_ctas is None else int(num_ctas)
+        if not max(2, self.world) <= self.num_ctas <= max_ctas:
+            raise ValueError(f"num_ctas {self.num_ctas} must be in [{max(2, self.world)}, {max_ctas}] (at least 2 "
+                             f"and the world size, at most one per SM)")
+        self.cooperative = not self.virtual  # virtual ranks' grids must run at once: plain launches
 
         owner = np.asarray(placement.owner)
         counts = np.bincount(owner, minlength=self.world)
@@ -171,9 +185,27 @@ class MoEMegakernel:
             dist.barrier(group=group)
 
     def _alloc_symmetric(self, nbytes: int) -> None:
+        if self.virtual:  # plain memory; the peers' addresses come with connect()
+            self._symm_buf = None
+            self.symm = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+            self.peer_base = torch.zeros(self.world, dtype=torch.int64, device=self.device)
+            return
         self._symm_buf = SymmetricBuffer(nbytes, self.device, self.world, self.rank, self.group)
         self.symm = self._symm_buf.tensor
         self.peer_base = self._symm_buf.peer_base(self.device)
+
+    def connect(self, peers: list["MoEMegakernel"]) -> None:
+        """Virtual ranks: address the buffers of `peers` (every virtual rank of this world, in rank order, this
+        one included). The peers must stay alive as long as this layer is used."""
+        if not self.virtual:
+            raise RuntimeError("connect() is for virtual ranks; real ranks rendezvous through symmetric memory")
+        if [p.rank for p in peers] != list(range(self.world)) or peers[self.rank] is not self:
+            raise ValueError("connect() needs every virtual rank of the world, in rank order")
+        for p in peers:
+            if (p.world, p.plan, p.device) != (self.world, self.plan, self.device):
+                raise ValueError("virtual ranks must share world size, buffer plan and device")
+        self.peer_base.copy_(torch.tensor([p.symm.data_ptr() for p in peers], dtype=torch.int64))
+        self._peers = list(peers)  # keeps the buffers alive
 
     # ---------------------------------------------------------------------------------------------------
     def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,
@@ -233,6 +265,7 @@ class MoEMegakernel:
             "recv_cap_rows": pl.recv_cap_rows, "max_row_blocks": pl.max_row_blocks,
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
             "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
+            "cooperative": int(self.cooperative),
         }
 
     def last_choice(self) -> dict | None:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device-machine session: build once, GPU correctness (2 ranks and 1 rank), GEMM probe, benchmark, sanitizer.
-# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,probe,bench,sanitize,summary;
+# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,probe,bench,sanitize,summary;
 # they run in that order). Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS, its JSON goes to
 # $BENCH_OUT (default $OUT/kernel_bench.json). SAN_BEFORE_S: run the sanitizer only if fewer seconds than this
 # have passed since the script started (default: always).
@@ -25,6 +25,11 @@ fi
 if has test1; then
   timeout ${TEST1_TIMEOUT:-200} torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $OUT/test1.log 2>&1; echo "test1 rc $? [${SECONDS}s]"
   grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/test1.log | cut -c1-200 | tail -8
+fi
+if has virtual; then  # world sizes 2, 3, 4, 8 as virtual ranks on GPU 0 (correctness only)
+  timeout ${VIRTUAL_TIMEOUT:-400} python3 tests/kernel/virtual_worker.py --worlds ${VIRTUAL_WORLDS:-2,3,4,8} > $OUT/virtual.log 2>&1
+  echo "virtual rc $? [${SECONDS}s]: $(grep -c '^PASS' $OUT/virtual.log) PASS lines, $(grep -c '^FAIL' $OUT/virtual.log) FAIL lines"
+  grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/virtual.log | cut -c1-240 | head -20
 fi
 if has probe; then
   timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5

@@ -21,6 +21,9 @@
 //           128-column halves (272-byte rows) and copy them to C in 16-byte stores (the branch ws-pipeline's)
 //   mode 12 mode 11 with the copy-out done by the copy engine (one bulk copy per 256-byte row from one warp, the
 //           consumers waiting until the stage has been read)
+//   mode 13 mode 8 without the multicast: the same 2-CTA clusters, pairs of row blocks and cross-CTA "empty"
+//           barriers (a stage is refilled once both CTAs released it), but each CTA loads all of its own B (tells
+//           the cost of the pairs' lock-step from the cost of the multicast itself)
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. Modes 0-3 keep a private copy of the old cp.async loader.
 // Every mode writes each tile's accumulator sums per thread, which must match mode 0 bit for bit; modes 11 and 12
 // must store the same C, every element (poisoned before each run).
@@ -327,10 +330,21 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // arrive on the barrier at the same smem offset in CTA `rank` of this cluster (this CTA or its peer)
+// TL_CTA_SCOPE=1: the arrive (and the producer's wait on the "empty" barriers, modes 8 and 13) at the default CTA
+// scope, as CUTLASS's ClusterBarrier does, instead of release / acquire at cluster scope
+#ifndef TL_CLUSTER7
+#define TL_CLUSTER7 0
+#endif
+#ifndef TL_CTA_SCOPE
+#define TL_CTA_SCOPE 0
+#endif
 __device__ __forceinline__ void arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  if (TL_CTA_SCOPE)
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  else
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* map, uint64_t* bar, int x, int y, int z,
                                                       uint16_t mask) {
@@ -495,7 +509,7 @@ __device__ __forceinline__ void ws_bulk_half(uint8_t* st, bf16* out, int ld, int
   }
 }
 
-template <bool MC, int kWsStages, bool GATHER, int EPI = 0>
+template <bool MC, int kWsStages, bool GATHER, int EPI = 0, bool LOCK = MC>
 __global__ void __launch_bounds__(kWsThreads, 1)
     tiles_kernel_ws(const bf16* a_base, float* sink, int E, int rows, int N, int K, unsigned long long* t,
                     const __grid_constant__ Params p, const __grid_constant__ TensorMapBytes a_map,
@@ -504,24 +518,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsStages * C::kSmemStage);
   uint64_t* empty = full + kWsStages;
-  const uint32_t rank = MC ? cluster_rank() : 0u;
+  constexpr bool PAIRED = MC || LOCK;  // 2-CTA clusters in lock-step (mode 8 with multicast, mode 13 without)
+  const uint32_t rank = PAIRED ? cluster_rank() : 0u;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWsStages; ++s) {
       // full: the TMA thread's expect_tx arrive, plus (GATHER) one cp.async completion arrive per producer thread
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(GATHER ? 129 : 1)
                    : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(MC ? 4 : 2)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(PAIRED ? 4 : 2)
                    : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if constexpr (MC) cluster_sync_all(); else __syncthreads();
+  if constexpr (PAIRED) cluster_sync_all(); else __syncthreads();
   const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K / C::kBlockK;
   // work units: tiles (mode 7) or pairs of row blocks sharing a weight tile (mode 8)
-  const int unit_rows = MC ? 2 : 1;
+  const int unit_rows = PAIRED ? 2 : 1;
   const int units_per_e = (nrb / unit_rows) * ncb, total_units = E * units_per_e;
-  const int unit0 = MC ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x);
-  const int unit_step = MC ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x);
+  const int unit0 = PAIRED ? static_cast<int>(blockIdx.x) / 2 : static_cast<int>(blockIdx.x);
+  const int unit_step = PAIRED ? static_cast<int>(gridDim.x) / 2 : static_cast<int>(gridDim.x);
   auto unit_tile = [&](int u, int* e, int* rb, int* cb) {
     *e = u / units_per_e;
     const int off = u % units_per_e, q = off % (nrb / unit_rows);
@@ -546,7 +561,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int k = 0; k < num_k; ++k, ++it) {
           const int s = it % kWsStages;
           if (it >= kWsStages) {
-            mbar_wait<MC>(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
+            mbar_wait<PAIRED && !TL_CTA_SCOPE>(p, &empty[s], ((it / kWsStages) - 1) & 1, 200 + s, k);
           }
           const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
           if constexpr (GATHER) {
@@ -579,7 +594,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     auto release = [&](int s) {
       named_sync(1 + cw, 128);  // every warp of this warpgroup retired the stage's MMAs
       if (threadIdx.x % 128 == 0) {
-        if constexpr (MC) {
+        if constexpr (PAIRED) {
           arrive_cluster(&empty[s], 0);
           arrive_cluster(&empty[s], 1);
         } else {
@@ -628,7 +643,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       sink[(static_cast<int64_t>(e) * per_e + cb * nrb + rb) * 256 + ct] = keep;
     }
   }
-  if constexpr (MC) cluster_sync_all(); else __syncthreads();  // the consumers are done
+  if constexpr (PAIRED) cluster_sync_all(); else __syncthreads();  // the consumers are done
   unsigned long long t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
   if (threadIdx.x == 0) {
@@ -666,7 +681,8 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
     if constexpr (MODE >= 7) {
-      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10, MODE >= 11 ? MODE - 10 : 0>;
+      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
+                                MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13>;
       constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
       CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
       cudaLaunchConfig_t cfg{};
@@ -675,7 +691,8 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
       cfg.dynamicSmemBytes = kWsSmem;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = MODE == 8 ? 2 : 1;
+      // TL_CLUSTER7=1: mode 7 launched in 2-CTA clusters too (CTAs unpaired): the launch's own cost
+      attr[0].val.clusterDim.x = MODE == 8 || MODE == 13 || (TL_CLUSTER7 && MODE == 7) ? 2 : 1;
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr;
@@ -760,11 +777,12 @@ int main(int argc, char** argv) {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[13] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[14] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
-                           "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores"};
-  double r[13][3] = {};
+                           "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
+                           "mode 8 lock-step, no multicast"};
+  double r[14][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -774,7 +792,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < sink_len; ++i) mag += s0[i] < 0 ? -s0[i] : s0[i];
   const size_t out_len = static_cast<size_t>(E) * rows * N;
   std::vector<uint16_t> o11(out_len), o12(out_len);
-  for (int m : {4, 6, 7, 8, 9, 10, 11, 12}) {
+  for (int m : {4, 6, 7, 8, 9, 10, 11, 12, 13}) {
     CK(cudaMemset(sink, 0xFF, sink_len * 4));  // poisoned: a tile that is not computed shows up as NaN
     CK(cudaMemset(g_out, 0xFF, out_len * 2));
     const int rc = m == 4   ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
@@ -784,7 +802,8 @@ int main(int argc, char** argv) {
                    : m == 9 ? run<9>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[9][0])
                    : m == 10 ? run<10>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[10][0])
                    : m == 11 ? run<11>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[11][0])
-                             : run<12>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[12][0]);
+                   : m == 12 ? run<12>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[12][0])
+                             : run<13>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[13][0]);
     if (rc) return 1;
     CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
     size_t diff = 0;
@@ -815,10 +834,11 @@ int main(int argc, char** argv) {
     if (g > 0 && run<10>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[10][g])) return 1;
     if (g > 0 && run<11>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[11][g])) return 1;
     if (g > 0 && run<12>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[12][g])) return 1;
+    if (g > 0 && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
   return 0;
 }

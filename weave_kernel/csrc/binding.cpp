@@ -12,7 +12,7 @@
 #include "cost_model.cuh"
 #include "params.h"
 
-extern "C" int weave_moe_launch(const weave::Params* params, void* stream);
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative);
 extern "C" int weave_moe_max_ctas(int device);
 extern "C" const char* weave_cuda_error_string(int code);
 extern "C" int weave_static_smem_bytes();
@@ -83,6 +83,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.timeline_per_cta = get<int32_t>(d, "timeline_per_cta");
   p.epoch = get<uint64_t>(d, "epoch");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
+  const int cooperative = get<int32_t>(d, "cooperative");
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
   // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)
@@ -103,7 +104,9 @@ void launch(const py::dict& d, uint64_t stream) {
   }
   if (p.policy < weave::kPolicySequential || p.policy > weave::kPolicyWeave)
     throw std::invalid_argument("weave launch: unknown policy id");
-  const int err = weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
+  if (p.num_ctas < p.world)  // CTA g pushes this rank's counts to rank g
+    throw std::invalid_argument("weave launch: num_ctas must be >= the world size");
+  const int err = weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative);
   if (err != 0) throw std::runtime_error(std::string("weave launch failed: ") + weave_cuda_error_string(err));
 }
 

@@ -8,7 +8,10 @@ namespace {
 constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 }
 
-extern "C" int weave_moe_launch(const weave::Params* params, void* stream) {
+// cooperative != 0: a cooperative launch (the driver checks that the whole grid is co-resident). 0: a plain launch,
+// for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
+// cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
   const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -19,8 +22,12 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream) {
   if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
   if (rc != 0) return rc;
   void* args[] = {&p};
-  err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
-                                    weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
+  if (cooperative)
+    err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
+                                      weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
+  else
+    err = cudaLaunchKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args, weave::Config::kSmemDynamic,
+                           static_cast<cudaStream_t>(stream));
   return static_cast<int>(err);
 }
 

@@ -1,0 +1,71 @@
+"""CPU checks of the virtual-rank harness (weave_kernel/virtual.py); the GPU runs are test_virtual_ranks_gpu.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from weave_kernel import megakernel as mk  # noqa: E402
+from weave_kernel.virtual import default_ctas_per_rank  # noqa: E402
+
+
+def test_ctas_per_rank_share_the_sms():
+    assert default_ctas_per_rank(132, 1) == 132
+    assert default_ctas_per_rank(132, 2) == 66
+    assert default_ctas_per_rank(132, 3) == 44
+    assert default_ctas_per_rank(132, 8) == 16
+    with pytest.raises(ValueError, match="at least"):
+        default_ctas_per_rank(15, 8)
+    with pytest.raises(ValueError, match=">= 1"):
+        default_ctas_per_rank(132, 0)
+
+
+def _virtual_layer(rank, world, plan):
+    layer = object.__new__(mk.MoEMegakernel)
+    layer.virtual, layer.rank, layer.world, layer.plan = True, rank, world, plan
+    layer.device = torch.device("cpu")
+    layer.symm = torch.zeros(64, dtype=torch.uint8)
+    layer.peer_base = torch.zeros(world, dtype=torch.int64)
+    return layer
+
+
+def test_connect_points_every_rank_at_every_buffer():
+    plan = mk.plan_buffers(256, 8, 2, 4, 64)
+    layers = [_virtual_layer(r, 4, plan) for r in range(4)]
+    for layer in layers:
+        layer.connect(layers)
+    want = [layer.symm.data_ptr() for layer in layers]
+    assert all(layer.peer_base.tolist() == want for layer in layers)
+    assert len(set(want)) == 4
+
+
+def test_connect_rejects_a_wrong_world():
+    plan = mk.plan_buffers(256, 8, 2, 4, 64)
+    layers = [_virtual_layer(r, 4, plan) for r in range(4)]
+    with pytest.raises(ValueError, match="every virtual rank"):
+        layers[0].connect(layers[:3])
+    with pytest.raises(ValueError, match="every virtual rank"):
+        layers[0].connect(layers[::-1])
+    other = _virtual_layer(3, 4, mk.plan_buffers(512, 8, 2, 4, 64))
+    with pytest.raises(ValueError, match="share"):
+        layers[0].connect(layers[:3] + [other])
+    real = _virtual_layer(0, 4, plan)
+    real.virtual = False
+    with pytest.raises(RuntimeError, match="virtual ranks"):
+        real.connect(layers)
+
+
+def test_params_ask_for_a_plain_launch_on_virtual_ranks():
+    layer = _virtual_layer(0, 2, mk.plan_buffers(256, 8, 2, 2, 64))
+    for name in ("expert_owner", "owner_experts", "expert_ctr", "pair_slot", "sorted_pair", "g0_done", "sched",
+                 "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice"):
+        setattr(layer, name, torch.zeros(8))
+    layer.top_k, layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts = 2, 256, 128, 8, 4
+    layer.max_tokens, layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 64, 66, 0, 1, 10**9
+    x = torch.zeros(10, 256, dtype=torch.bfloat16)
+    pol = mk.parse_policy("static:8", layer.num_ctas)
+    for coop in (True, False):
+        layer.cooperative = coop
+        d = layer._params(x, x, x, x, x, x, pol, False)
+        assert d["cooperative"] == int(coop)
+        assert d["peer_base"] == layer.peer_base.data_ptr()

@@ -1,0 +1,200 @@
+"""GPU correctness at world sizes this machine does not have: G virtual ranks in one process on one GPU
+(weave_kernel/virtual.py), run by test_virtual_ranks_gpu.py. No speed is measured here.
+
+For each world size: every case draws fresh random inputs per rank (different token counts per rank, some
+ranks without tokens), poisons every rank's output and scratch rows with NaN, runs several policies on the
+same layer (epochs advance, nothing is reset) and compares every rank's output with the fp32 dense reference
+over all ranks' tokens: ||y - y_ref|| / ||y_ref|| <= 1e-2. Every weave call's in-kernel (c*, K*) is compared
+with weave_sim.costmodel.choose on the same counts. Then error paths: a bad expert id, one rank that never
+launches (the others must raise after their timeout, not hang). Prints one line per check and exits 1 on any
+failure. Usage: python tests/kernel/virtual_worker.py [--worlds 2,3,4,8] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
+from weave_kernel.reference import make_weights, moe_reference
+from weave_kernel.routing import single_expert_routing, skewed_routing
+from weave_kernel.virtual import VirtualRanks
+from weave_sim.placement import contiguous, round_robin
+from weave_sim.presets import get_model
+
+TOL = 1e-2
+FAILURES: list[str] = []
+CHOICES = [0, 0]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y = y.float()
+    if not torch.isfinite(y).all():
+        return float("inf")
+    if ref.numel() == 0:
+        return 0.0
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def policies_for(n: int) -> tuple[str, ...]:
+    """The policies every case runs on a grid of n CTAs per rank: both ends of the static range included."""
+    return ("sequential", "static:1", f"static:{max(1, n // 4)}", f"static:{n - 1}", "weave", f"weave:{max(1, n // 2)}")
+
+
+def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,
+             top_k: int, tokens: list[int], routing: str = "skewed", placement: str = "contiguous",
+             policies=None, repeats: int = 1, seed: int = 0) -> VirtualRanks:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
+    if vr is None:
+        vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
+                          max_tokens=max(max(tokens), 1))
+    policies = policies or policies_for(vr.num_ctas)
+    gen = torch.Generator(device=dev).manual_seed(1000 + seed)
+    w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
+    w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+    w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+    model = geometry_model(hidden, inter, num_experts, top_k)
+    for rep in range(repeats):
+        ids, ws, xs = [], [], []
+        for r in range(world):
+            n = tokens[(r + rep) % len(tokens)]
+            s = seed * 7919 + rep * 31 + r
+            if routing == "skewed":
+                i, w = skewed_routing(n, num_experts, top_k, seed=s, zipf_s=1.2)
+            else:
+                i, w = single_expert_routing(n, top_k, expert=num_experts - 1, num_experts=num_experts, seed=s)
+            ids.append(i)
+            ws.append(w)
+            xs.append(torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16))
+        ref_all = moe_reference(torch.cat(xs).to(dev), torch.as_tensor(np.concatenate(ids)).to(dev),
+                                torch.as_tensor(np.concatenate(ws)).to(dev), w13_all, w2_all)
+        refs = list(torch.split(ref_all, [x.shape[0] for x in xs]))
+        xs_d = [x.to(dev) for x in xs]
+        ids_d = [torch.as_tensor(i).to(dev) for i in ids]
+        ws_d = [torch.as_tensor(w).to(dev) for w in ws]
+        ntok = [x.shape[0] for x in xs]
+        for pol in policies:
+            outs = [torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev) for n in ntok]
+            vr.poison_scratch()
+            try:
+                vr(xs_d, ids_d, ws_d, w13s, w2s, policy=pol, outs=outs)
+                torch.cuda.synchronize()
+                errs = [rel_err(outs[r], refs[r]) for r in range(world)]
+            except Exception as exc:  # noqa: BLE001 - report, continue with a fresh layer
+                traceback.print_exc()
+                log(f"  {name} {pol}: {exc}")
+                errs = [float("inf")] * world
+                vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
+                                  placement=pl, max_tokens=vr[0].max_tokens)
+            ok = all(e <= TOL for e in errs)
+            log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok} "
+                f"rel_err max {max(errs):.2e}")
+            if not ok:
+                FAILURES.append(f"G={world} {name} rep {rep} {pol}")
+            if pol.startswith("weave") and ok:
+                check_choice(f"G={world} {name} rep {rep} {pol}", vr, pol, ids, pl, model)
+    return vr
+
+
+def check_choice(label: str, vr: VirtualRanks, pol: str, ids, placement, model) -> None:
+    """Every rank's in-kernel (c*, K*) equals weave_sim's on the same counts; the call used C (weave:C) or
+    min(c*, CTAs - 1) comm CTAs."""
+    bad = []
+    try:
+        py = model_choice(counts_from_routing(ids, model.num_experts, placement), model, placement)
+        kcs = vr.last_choices()
+    except Exception as exc:  # noqa: BLE001 - a failure to compare is a failure
+        py, kcs = [], []
+        bad.append(f"{type(exc).__name__}: {exc}")
+    for r, kc in enumerate(kcs):
+        pc = py[r]
+        want_used = int(pol.split(":")[1]) if ":" in pol else min(pc["c_star"], vr.num_ctas - 1)
+        ok = choice_agrees(kc, pc) and kc["comm_ctas_used"] == want_used
+        CHOICES[0] += ok
+        CHOICES[1] += 1
+        if not ok:
+            bad.append(f"rank {r}: kernel {kc} python {pc}")
+    log(f"{'PASS' if not bad else 'FAIL'} choice {label}" + ("" if not bad else ": " + "; ".join(bad)))
+    if bad:
+        FAILURES.append(f"choice {label}")
+
+
+def check_errors(world: int) -> None:
+    """A bad id raises on the host and in the kernel; a rank that never launches makes the others time out."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    H, I, E, k = 256, 128, 4 * world, 2
+    pl = contiguous(E, world)
+    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128, timeout_s=0.3)
+    w13s, w2s = zip(*[(a.to(dev), b.to(dev)) for a, b in (make_weights(E // world, H, I) for _ in range(world))])
+    xs = [torch.randn(100, H, device=dev).to(torch.bfloat16) for _ in range(world)]
+    ids, ws = zip(*[skewed_routing(100, E, k, seed=r) for r in range(world)])
+    ids = [torch.as_tensor(i).to(dev) for i in ids]
+    ws = [torch.as_tensor(w).to(dev) for w in ws]
+    bad = [i.clone() for i in ids]
+    bad[world - 1][3, 1] = E
+    try:
+        vr(xs, bad, ws, list(w13s), list(w2s), policy="static:4")
+        log(f"FAIL G={world} host-side id check did not raise")
+        FAILURES.append(f"G={world} host id check")
+    except ValueError as exc:
+        log(f"PASS G={world} host-side id check: {exc}")
+    # rank 0 launches alone: it must raise after its timeout
+    t0 = time.time()
+    try:
+        vr[0](xs[0], ids[0], ws[0], w13s[0], w2s[0], policy="static:4")
+        log(f"FAIL G={world} a rank whose peers never launch did not raise")
+        FAILURES.append(f"G={world} missing peer")
+    except RuntimeError as exc:
+        log(f"PASS G={world} missing peers raise after {time.time() - t0:.2f} s: {exc}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worlds", default="2,3,4,8")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    worlds = [int(w) for w in args.worlds.split(",")]
+    models = ["deepseek-v3", "phi-3.5-moe", "qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b"]
+    if args.quick:
+        models = models[2:3]
+    t_start = time.time()
+    for world in worlds:
+        for i, name in enumerate(models):
+            m = get_model(name)
+            e = world * min(m.num_experts // world, 8)  # a multiple of the world size, 8 per rank at most
+            k = min(m.top_k, e // 2)
+            tok = [150 + 37 * g for g in range(world)]
+            tok[world // 2] = 0  # a rank without tokens still serves its experts
+            run_case(None, f"{name} E{e} k{k}", world=world, hidden=m.hidden_size, inter=m.expert_ffn_size,
+                     num_experts=e, top_k=k, tokens=tok, seed=i)
+        run_case(None, "zero-token experts", world=world, hidden=512, inter=256, num_experts=world * (64 // world), top_k=2,
+                 tokens=[50, 1], seed=20)
+        run_case(None, "all tokens on one expert", world=world, hidden=1024, inter=512, num_experts=8 * world,
+                 top_k=4, tokens=[500, 301], routing="one_expert", seed=21)
+        run_case(None, "round-robin placement", world=world, hidden=768, inter=384, num_experts=4 * world, top_k=2,
+                 tokens=[1, 64, 0], placement="round-robin", seed=22)
+        vr = run_case(None, "repeated calls", world=world, hidden=2048, inter=768, num_experts=16 * world, top_k=8,
+                      tokens=[400, 513, 7], repeats=3, seed=23)
+        run_case(vr, "repeated calls, other sizes", world=world, hidden=2048, inter=768, num_experts=16 * world,
+                 top_k=8, tokens=[100, 513], repeats=2, seed=24)
+        check_errors(world)
+        del vr
+        torch.cuda.empty_cache()
+    log(f"CHOICE AGREEMENT: {CHOICES[0]}/{CHOICES[1]} (rank, call) pairs: kernel (c*, K*) == weave_sim.costmodel.choose")
+    log(f"SUMMARY: {len(FAILURES)} failures in {time.time() - t_start:.0f} s" +
+        (": " + "; ".join(FAILURES) if FAILURES else ""))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
