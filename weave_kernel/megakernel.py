@@ -109,13 +109,11 @@ class MoEMegakernel:
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
-                 num_ctas: int | None = None, pair_tiles: bool = False):
+                 num_ctas: int | None = None):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
         package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
         (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
-        set by `connect`). `num_ctas`: the grid (default: one CTA per SM). `pair_tiles`: launch in 2-CTA clusters
-        whose compute CTAs claim GEMM tiles in pairs of consecutive tickets (docs/kernel.md; the launcher falls back
-        to single claims on an odd grid or where the clusters do not fit)."""
+        set by `connect`). `num_ctas`: the grid (default: one CTA per SM)."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -149,7 +147,6 @@ class MoEMegakernel:
             raise ValueError(f"num_ctas {self.num_ctas} must be in [{max(2, self.world)}, {max_ctas}] (at least 2 "
                              f"and the world size, at most one per SM)")
         self.cooperative = not self.virtual  # virtual ranks' grids must run at once: plain launches
-        self.pair_tiles = int(pair_tiles)  # 2 (experiments): 2-CTA clusters, claims not paired
 
         owner = np.asarray(placement.owner)
         counts = np.bincount(owner, minlength=self.world)
@@ -268,7 +265,7 @@ class MoEMegakernel:
             "recv_cap_rows": pl.recv_cap_rows, "max_row_blocks": pl.max_row_blocks,
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
             "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
-            "cooperative": int(self.cooperative), "pair_tiles": int(self.pair_tiles),
+            "cooperative": int(self.cooperative),
         }
 
     def last_choice(self) -> dict | None:

@@ -41,7 +41,7 @@ class VirtualRanks:
     def __init__(self, world: int, *, hidden: int, inter: int, num_experts: int, top_k: int, placement,
                  max_tokens: int, device=None, ctas_per_rank: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE, ext=None, pair_tiles: bool = False):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None):
         from .build import load_extension
 
         self.world = int(world)
@@ -51,8 +51,6 @@ class VirtualRanks:
         if max_ctas <= 0:
             raise RuntimeError("the megakernel does not fit one CTA per SM on this device")
         n = default_ctas_per_rank(max_ctas, self.world) if ctas_per_rank is None else int(ctas_per_rank)
-        if pair_tiles and ctas_per_rank is None and n % 2:
-            n -= 1  # paired tickets need an even grid (2-CTA clusters)
         if n * self.world > max_ctas:
             raise ValueError(f"{self.world} ranks x {n} CTAs exceed the {max_ctas} SMs: the grids could not all run "
                              f"at once")
@@ -60,7 +58,7 @@ class VirtualRanks:
             MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=placement,
                           max_tokens=max_tokens, device=self.device, timeout_s=timeout_s,
                           timeline_per_cta=timeline_per_cta, cost_profile=cost_profile, ext=ext,
-                          virtual=(r, self.world), num_ctas=n, pair_tiles=pair_tiles)
+                          virtual=(r, self.world), num_ctas=n)
             for r in range(self.world)
         ]
         for layer in self.layers:

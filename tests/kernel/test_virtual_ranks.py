@@ -62,7 +62,6 @@ def test_params_ask_for_a_plain_launch_on_virtual_ranks():
         setattr(layer, name, torch.zeros(8))
     layer.top_k, layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts = 2, 256, 128, 8, 4
     layer.max_tokens, layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 64, 66, 0, 1, 10**9
-    layer.pair_tiles = False
     x = torch.zeros(10, 256, dtype=torch.bfloat16)
     pol = mk.parse_policy("static:8", layer.num_ctas)
     for coop in (True, False):

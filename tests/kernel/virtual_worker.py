@@ -29,7 +29,6 @@ from weave_sim.presets import get_model
 TOL = 1e-2
 FAILURES: list[str] = []
 CHOICES = [0, 0]
-PAIR_TILES = False  # --pair-tiles
 
 
 def log(msg: str) -> None:
@@ -57,7 +56,7 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                          max_tokens=max(max(tokens), 1), pair_tiles=PAIR_TILES)
+                          max_tokens=max(max(tokens), 1))
     policies = policies or policies_for(vr.num_ctas)
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
@@ -95,7 +94,7 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
                 log(f"  {name} {pol}: {exc}")
                 errs = [float("inf")] * world
                 vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
-                                  placement=pl, max_tokens=vr[0].max_tokens, pair_tiles=PAIR_TILES)
+                                  placement=pl, max_tokens=vr[0].max_tokens)
             ok = all(e <= TOL for e in errs)
             log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok} "
                 f"rel_err max {max(errs):.2e}")
@@ -134,8 +133,7 @@ def check_errors(world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     H, I, E, k = 256, 128, 4 * world, 2
     pl = contiguous(E, world)
-    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128, timeout_s=0.3,
-                      pair_tiles=PAIR_TILES)
+    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128, timeout_s=0.3)
     w13s, w2s = zip(*[(a.to(dev), b.to(dev)) for a, b in (make_weights(E // world, H, I) for _ in range(world))])
     xs = [torch.randn(100, H, device=dev).to(torch.bfloat16) for _ in range(world)]
     ids, ws = zip(*[skewed_routing(100, E, k, seed=r) for r in range(world)])
@@ -163,10 +161,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worlds", default="2,3,4,8")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--pair-tiles", action="store_true", help="layers with paired tickets (2-CTA clusters)")
     args = ap.parse_args()
-    global PAIR_TILES
-    PAIR_TILES = args.pair_tiles
     torch.manual_seed(0)
     worlds = [int(w) for w in args.worlds.split(",")]
     models = ["deepseek-v3", "phi-3.5-moe", "qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b"]

@@ -84,7 +84,6 @@ void launch(const py::dict& d, uint64_t stream) {
   p.epoch = get<uint64_t>(d, "epoch");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   const int cooperative = get<int32_t>(d, "cooperative");
-  p.pair_tiles = get<int32_t>(d, "pair_tiles");
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
   // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)

@@ -11,8 +11,6 @@ constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 // cooperative != 0: a cooperative launch (the driver checks that the whole grid is co-resident). 0: a plain launch,
 // for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
 // cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
-// params->pair_tiles != 0 asks for 2-CTA clusters (paired tickets, tasks.cuh MoeTiles::claim); granted only if the
-// grid is even and that many clusters fit the device at once, else the launch runs unpaired.
 extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
   const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
@@ -23,40 +21,13 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
   int rc = weave::encode_weight_map(&p.tmap_w13, p.w13, H, I, 2 * El);
   if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
   if (rc != 0) return rc;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(params->num_ctas);
-  cfg.blockDim = dim3(weave::Config::kThreads);
-  cfg.dynamicSmemBytes = weave::Config::kSmemDynamic;
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (p.pair_tiles) {
-    const int want = p.pair_tiles;  // 2: clusters without paired claims (measures the cluster launch alone)
-    p.pair_tiles = 0;
-    if (p.num_ctas % 2 == 0) {
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 2;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) == cudaSuccess && 2 * clusters >= p.num_ctas) {
-        p.pair_tiles = want;
-        n = 1;
-      }
-      (void)cudaGetLastError();  // a refused query leaves no sticky error behind
-    }
-  }
-  if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n].val.cooperative = 1;
-    ++n;
-  }
-  cfg.attrs = n ? attr : nullptr;
-  cfg.numAttrs = n;
   void* args[] = {&p};
-  err = cudaLaunchKernelExC(&cfg, fn, args);
+  if (cooperative)
+    err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
+                                      weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
+  else
+    err = cudaLaunchKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args, weave::Config::kSmemDynamic,
+                           static_cast<cudaStream_t>(stream));
   return static_cast<int>(err);
 }
 

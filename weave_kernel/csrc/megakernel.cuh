@@ -168,11 +168,7 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
                  (i >= L ? n1 * lv.expert_num_blocks(i - L) : 0);
         },
         s.tk, s.scan_tmp);  // ends with __syncthreads
-    // paired tickets: both CTAs of the cluster run this phase from its start (comm CTAs join weave's phase late)
-    const int pair_role = p.pair_tiles == 1 && (seq || static_cast<int>(blockIdx.x & ~1u) >= num_comm)
-                              ? static_cast<int>(blockIdx.x & 1u)
-                              : -1;
-    MoeTiles tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq, pair_role, pipe_state(smem)};
+    MoeTiles tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
     if (!run_tiles(p, smem, tiles)) return false;  // starts and ends with __syncthreads
     if (seq && ph == 0 && !grid_barrier(p, 3)) return false;
   }
@@ -223,10 +219,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
   __shared__ SharedLayout s;
   if (threadIdx.x == 0) s.tl_count = 0;
   init_pipeline(smem);
-  if (p.pair_tiles)
-    cluster_sync();  // the partner's mailbox barriers exist before either CTA uses them
-  else
-    __syncthreads();
+  __syncthreads();
   bool ok = routing_phase(p, s);
   if (ok) {
     const LayoutView lv{s, p};
@@ -247,7 +240,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     if (ok) ok = reduce_phase(p, s, comm ? kRoleComm : kRoleCompute);
   }
   if (p.timeline != nullptr && threadIdx.x == 0) p.timeline_count[blockIdx.x] = s.tl_count;
-  if (p.pair_tiles) cluster_sync();  // no CTA leaves while its partner may still write into its mailbox
 }
 
 }  // namespace weave

@@ -114,7 +114,7 @@ struct Params {
   int32_t max_tokens, recv_cap_rows, max_row_blocks;
   int32_t num_ctas, num_comm_ctas, policy;
   int32_t timeline_per_cta;
-  int32_t pair_tiles;            // 1: launched in 2-CTA clusters whose compute CTAs claim tickets in pairs
+  int32_t pad0;
   uint64_t epoch;                // >= 1, +1 every call
   uint64_t timeout_ns;
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above

@@ -62,10 +62,6 @@ struct PipeState {
   uint64_t empty[Config::kStages];      // one arrival per consumer warpgroup
   uint64_t slot_full[Config::kSlots];   // the producer published the slot
   uint64_t slot_empty[Config::kSlots];  // the consumers are done with it
-  uint64_t mbox_full[2];                // paired tickets, partner CTA: the leader's message landed in mbox
-  uint64_t mbox_empty[2];               // paired tickets, leader CTA: the partner took the message
-  uint32_t mbox[2];                     // partner CTA: the ticket its leader claimed for it
-  uint32_t msgs;                        // messages sent (leader) / taken (partner) so far in this launch
   uint32_t it;                          // k-steps through the ring so far (all calls of this launch)
   uint32_t tiles;                       // descriptors through the slots so far
   int prod_kind, cons_kind;             // per-tile decisions, broadcast inside a role
@@ -104,11 +100,6 @@ __device__ __forceinline__ void init_pipeline(uint8_t* smem) {
     mbar_init(&ps->slot_full[s], 1);
     mbar_init(&ps->slot_empty[s], 1);
   }
-  for (int s = 0; s < 2; ++s) {
-    mbar_init(&ps->mbox_full[s], 1);
-    mbar_init(&ps->mbox_empty[s], 1);
-  }
-  ps->msgs = 0;
   ps->it = 0;
   ps->tiles = 0;
   mbar_init_fence();

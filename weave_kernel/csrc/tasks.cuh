@@ -146,40 +146,10 @@ struct MoeTiles {
   int num_seg, L;
   bool with_g0;        // segments start with their expert's GEMM0 tiles
   bool push;           // GEMM1 epilogue: into the source's combine slot (else in place over the receive row)
-  int pair_role;       // -1: claims its own tickets; 0: cluster leader, claims two consecutive tickets and hands
-                       // the second to its partner (1), which takes its tickets only from the leader
-  PipeState* ps;       // the mailbox of paired tickets
-  bool partner_done = false;  // leader: the partner was handed a ticket past the end
-
-  // producer thread 0: the next ticket. Paired CTAs get consecutive tickets at about the same time, i.e. the
-  // same weight tile for two row blocks of an expert whenever both fall into one column block (tile_limits:
-  // CTA pairs of one cluster streaming the same weight tile together run 5% faster at 132 CTAs than CTAs
-  // that do not). false if a wait for the mailbox timed out or an error was raised.
-  __device__ __forceinline__ bool claim(int& t) {
-    const uint32_t n = ps->msgs, slot = n & 1u;
-    if (pair_role == 0 && !partner_done) {
-      if (n >= 2 && !mbar_wait<true>(p, &ps->mbox_empty[slot], ((n >> 1) - 1) & 1u, 300 + slot, static_cast<int>(n)))
-        return false;
-      t = static_cast<int>(atomicAdd(ticket, 2u));
-      st_peer_u32(peer_smem(&ps->mbox[slot], 1), static_cast<uint32_t>(t + 1));
-      mbar_arrive_peer(peer_smem(&ps->mbox_full[slot], 1));
-      ps->msgs = n + 1;
-      partner_done = t + 1 >= s.tk[num_seg];
-    } else if (pair_role == 1) {
-      if (!mbar_wait<true>(p, &ps->mbox_full[slot], (n >> 1) & 1u, 310 + slot, static_cast<int>(n))) return false;
-      t = static_cast<int>(*reinterpret_cast<volatile uint32_t*>(&ps->mbox[slot]));
-      mbar_arrive_peer(peer_smem(&ps->mbox_empty[slot], 0));
-      ps->msgs = n + 1;
-    } else {
-      t = static_cast<int>(atomicAdd(ticket, 1u));
-    }
-    return true;
-  }
 
   // producer thread 0: the next tile and its inputs ready; false on an error
   __device__ __forceinline__ bool next(TileDesc& d) {
-    int t;
-    if (!claim(t)) return false;
+    const int t = static_cast<int>(atomicAdd(ticket, 1u));
     if (t >= s.tk[num_seg]) {
       d.kind = kTileEnd;
       return true;

@@ -84,33 +84,6 @@ __device__ __forceinline__ bool mbar_wait(const Params& p, uint64_t* bar, uint32
   }
 }
 
-// ---- 2-CTA clusters (paired tickets, megakernel.cuh) ----
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// The shared::cluster address of the same shared-memory location in CTA `rank` of this cluster.
-__device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ void st_peer_u32(uint32_t remote, uint32_t v) {
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
-}
-// One arrival on a peer CTA's barrier, releasing this thread's earlier writes (the st_peer_u32 before it) at
-// cluster scope. Once per tile here; per k-step, release/acquire at cluster scope cost 40% of the tile rate
-// in tests/kernel/tile_limits.cu (modes 8 and 13 against TL_CTA_SCOPE).
-__device__ __forceinline__ void mbar_arrive_peer(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
-}
-// All threads of both CTAs of the cluster (release / acquire): barriers initialised before a peer touches them,
-// and no CTA leaves while its peer may still write into its shared memory.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // One box of a 3-D tensor map (x = k, y = row, z = expert or expert half) into smem, completing `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint64_t* bar, int x, int y, int z) {
   asm volatile(
