@@ -1,5 +1,6 @@
 #!/bin/bash
-# One device-machine session: build once, GPU correctness (2 ranks and 1 rank), GEMM probe, benchmark, sanitizer.
+# One device-machine session: build once, GPU correctness (all GPUs and 1 rank; virtual ranks for world sizes the
+# machine lacks), GEMM probe, benchmark, sanitizer.
 # Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,probe,bench,sanitize,summary;
 # they run in that order). Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS, its JSON goes to
 # $BENCH_OUT (default $OUT/kernel_bench.json). SAN_BEFORE_S: run the sanitizer only if fewer seconds than this
@@ -9,6 +10,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weave_ext} MAX_JOBS=16 PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=4
 STAGES=${1:-build,test2,test1,probe,bench}
+# ranks for test2 and bench: every GPU of the machine (at most 8), or $NPROC
+NPROC=${NPROC:-$(n=$(nvidia-smi -L 2>/dev/null | wc -l); (( n > 8 )) && n=8; (( n < 1 )) && n=1; echo $n)}
 BENCH_OUT=${BENCH_OUT:-$OUT/kernel_bench.json}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
@@ -18,7 +21,7 @@ if has build; then
   echo "SASS: $(cuobjdump -sass $so | grep -c HGMMA) HGMMA, $(cuobjdump -sass $so | grep -c ' HMMA') HMMA" | tee -a $OUT/build.log
 fi
 if has test2; then
-  timeout ${TEST2_TIMEOUT:-400} torchrun --nproc_per_node=2 tests/kernel/gpu_worker.py --trace-dir /tmp > $OUT/test2.log 2>&1; echo "test2 rc $? [${SECONDS}s]"
+  timeout ${TEST2_TIMEOUT:-400} torchrun --nproc_per_node=$NPROC tests/kernel/gpu_worker.py --trace-dir /tmp > $OUT/test2.log 2>&1; echo "test2 rc $? [${SECONDS}s]"
   echo "test2: $(grep -c '^PASS' $OUT/test2.log) PASS lines, $(grep -c '^FAIL' $OUT/test2.log) FAIL lines"
   grep -E "^FAIL|^  rank|SUMMARY|CHOICE AGREEMENT|weave timeline|Error" $OUT/test2.log | cut -c1-240 | head -20
 fi
@@ -35,7 +38,7 @@ if has probe; then
   timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5
 fi
 if has bench; then
-  timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=2 -m weave_kernel.bench --out $BENCH_OUT $BENCH_ARGS > $OUT/bench.log 2>&1; echo "bench rc $? [${SECONDS}s]"
+  timeout ${BENCH_TIMEOUT:-400} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --out $BENCH_OUT $BENCH_ARGS > $OUT/bench.log 2>&1; echo "bench rc $? [${SECONDS}s]"
   grep -E "Error|error" $OUT/bench.log | head -5
 fi
 if has sanitize && (( SECONDS < ${SAN_BEFORE_S:-1000000} )); then

@@ -1,0 +1,40 @@
+"""weave_kernel.predict: the simulator's expectations at world sizes not measured yet (CPU only)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from weave_kernel.predict import config_counts, geomean, main, predict_config
+from weave_kernel.routing import bench_routing
+from weave_sim.presets import get_model
+
+
+def test_counts_are_the_benchmarks_routing():
+    m = get_model("qwen3-30b-a3b")
+    counts, ids, placement = config_counts(m, 4, 64, seed=3)
+    want = [bench_routing(64, m.num_experts, m.top_k, seed=3, rank=r)[0] for r in range(4)]
+    assert np.array_equal(ids, np.concatenate(want))
+    assert counts["tokens_per_gpu"] == [64] * 4
+    assert np.asarray(counts["source_expert_pairs"]).sum() == 4 * 64 * m.top_k
+    assert placement.num_gpus == 4
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_prediction_is_consistent(gpus):
+    r = predict_config("qwen3-30b-a3b", gpus, 256, "h200-megakernel")
+    ms = r["predicted_ms"]
+    assert set(ms) >= {"sequential", "static:20", "weave"} and all(v > 0 for v in ms.values())
+    statics = {p: v for p, v in ms.items() if p.startswith("static:")}
+    assert ms[r["best_static"]] == min(statics.values())
+    # the bound (seed h200 profile: peak rates) lies below every simulated schedule of the kernel
+    assert 0 < r["bound_ms"] < min(ms.values())
+    assert r["weave_vs_static20"] == pytest.approx(ms["static:20"] / ms["weave"])
+    assert r["weave_fraction_of_bound"] == pytest.approx(r["bound_ms"] / ms["weave"])
+
+
+def test_geomean_and_cli_errors(capsys):
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([None, 3.0]) == pytest.approx(3.0)
+    with pytest.raises(SystemExit):
+        main(["--gpus", "3", "--models", "qwen3-30b-a3b"])  # 128 experts do not split over 3 GPUs
+    assert "do not split" in capsys.readouterr().err
