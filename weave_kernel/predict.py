@@ -48,7 +48,7 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, zipf_s: float =
 
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
-                   zipf_s: float = 1.0, static_grid=STATIC_GRID) -> dict:
+                   zipf_s: float = 1.0, static_grid=STATIC_GRID, weave_grid=()) -> dict:
     model = get_model(model_name)
     profile = load_profile(profile_name)
     counts, all_ids, placement = config_counts(model, world, tokens, seed, zipf_s)
@@ -56,14 +56,18 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
                              counts["tokens_per_gpu"])
     opts = KERNEL_LAYOUTS[KERNEL_LAYOUT]
     ms = {}
-    for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave"]:
+    for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(f"weave:{c}" for c in weave_grid)]:
         ms[pol] = simulate_layer(w, profile, f"kernel:{pol}", **opts).latency_ns / 1e6
     h200 = load_profile("h200")
     bound = float(lower_bound_ns(Volumes.from_workloads([layer_workload(all_ids, model, placement)], h200),
                                  h200).max()) / 1e6
     best = min((p for p in ms if p.startswith("static:")), key=ms.get)
+    sweep = [p for p in ms if p.startswith("weave:")]
+    best_weave = min(sweep, key=ms.get) if sweep else None
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "profile": profile_name,
-            "predicted_ms": ms, "best_static": best, "bound_ms": bound,
+            "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
+            # the in-kernel choice against the best fixed C of the sweep (the issue's regret, predicted)
+            "regret": ms["weave"] / ms[best_weave] - 1.0 if best_weave else None,
             "weave_vs_static20": ms["static:20"] / ms["weave"] if "static:20" in ms else None,
             "weave_vs_best_static": ms[best] / ms["weave"], "weave_fraction_of_bound": bound / ms["weave"]}
 
@@ -82,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -96,24 +101,30 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     jobs = [(m, g, t) for g in worlds for m in models for t in tokens]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, args.zipf) for m, g, t in jobs]
+        wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
+        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, args.zipf, STATIC_GRID, wg)
+                for m, g, t in jobs]
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}), kernel scheduling, Zipf({args.zipf}) routing seed {args.seed}; "
           f"predicted ms")
     print(f"{'EP':>3} {'model':>17} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
-          f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8}")
+          f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
     for r in rows:
         ms = r["predicted_ms"]
         print(f"{r['gpus']:>3} {r['model']:>17} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
               f"{ms[r['best_static']]:>8.3f} ({r['best_static']:>9}) {ms['weave']:>8.3f} "
-              f"{r['weave_vs_static20']:>7.3f}x {r['weave_vs_best_static']:>7.3f}x {r['weave_fraction_of_bound']:>8.1%}")
+              f"{r['weave_vs_static20']:>7.3f}x {r['weave_vs_best_static']:>7.3f}x {r['weave_fraction_of_bound']:>8.1%} "
+              + (f"{r['regret']:>6.1%} ({r['best_weave']})" if r["regret"] is not None else ""))
     print("geomeans per world size (issue 5's targets: >= 1.15x over static:20, >= 70% of the bound at 4096)")
     for g in worlds:
         sel = [r for r in rows if r["gpus"] == g]
         at4096 = [r["weave_fraction_of_bound"] for r in sel if r["tokens_per_gpu"] == 4096]
+        regrets = [r["regret"] for r in sel if r["regret"] is not None]
         print(f"  EP={g}: weave vs static:20 {geomean(r['weave_vs_static20'] for r in sel):.3f}x, "
-              f"vs best static:C per config {geomean(r['weave_vs_best_static'] for r in sel):.3f}x, "
-              f"of the bound at 4096: mean {np.mean(at4096):.1%}" if at4096 else "")
+              f"vs best static:C per config {geomean(r['weave_vs_best_static'] for r in sel):.3f}x"
+              + (f", of the bound at 4096: mean {np.mean(at4096):.1%}" if at4096 else "")
+              + (f", regret of the choice vs the best weave:C: median {np.median(regrets):.1%}, worst "
+                 f"{max(regrets):.1%}" if regrets else ""))
     if args.out:
         args.out.write_text(json.dumps({"profile": args.profile, "seed": args.seed, "zipf": args.zipf,
                                         "rows": rows}, indent=1))

@@ -54,7 +54,8 @@ def gather_routing(ids: np.ndarray, w: np.ndarray, x: torch.Tensor):
 def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
              routing: str = "skewed", placement: str = "contiguous",
              policies=("sequential", "static:8", "static:64", "weave", "weave:16"),
-             repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False) -> None:
+             repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False,
+             x_scale: float = 1.0) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
@@ -79,7 +80,7 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
             ids, w = single_expert_routing(n, top_k, expert=num_experts - 1, num_experts=num_experts, seed=s)
         else:
             raise ValueError(routing)
-        x = (torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)) ).to(torch.bfloat16)
+        x = (x_scale * torch.randn(n, hidden, generator=torch.Generator().manual_seed(s))).to(torch.bfloat16)
         all_routing, all_x = gather_routing(ids, w, x)
         # dense reference over everyone's tokens; this rank's rows are its slice
         ids_cat = torch.as_tensor(np.concatenate([r[0] for r in all_routing])).to(dev)
@@ -271,6 +272,10 @@ def main() -> int:
         run_case(f"{name} E{e} k{k}", hidden=m.hidden_size, inter=m.expert_ffn_size, num_experts=e, top_k=k,
                  tokens=[200 + 37 * g for g in range(world)], seed=i, ep_ref=(i == 0))
     cache: dict = {}
+    # gate pre-activations of several hundred: silu's fast division at both ends (exp(-g) overflowing to inf
+    # for g < -87 must give 0, not NaN; g > 88 must give g)
+    run_case("large activations (x * 40)", hidden=512, inter=256, num_experts=4 * world, top_k=2,
+             tokens=[300, 111], seed=25, x_scale=40.0, policies=("sequential", "static:8", "weave"))
     run_case("zero-token experts E64 k2 N=50", hidden=512, inter=256, num_experts=64, top_k=2, tokens=[50],
              seed=20)
     run_case("all tokens on one expert", hidden=1024, inter=512, num_experts=8 * world, top_k=4, tokens=[777, 301],

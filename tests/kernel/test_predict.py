@@ -30,6 +30,14 @@ def test_prediction_is_consistent(gpus):
     assert 0 < r["bound_ms"] < min(ms.values())
     assert r["weave_vs_static20"] == pytest.approx(ms["static:20"] / ms["weave"])
     assert r["weave_fraction_of_bound"] == pytest.approx(r["bound_ms"] / ms["weave"])
+    assert r["regret"] is None and r["best_weave"] is None
+
+
+def test_regret_against_a_weave_sweep():
+    r = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel", weave_grid=(4, 16))
+    ms = r["predicted_ms"]
+    assert r["best_weave"] == min(("weave:4", "weave:16"), key=ms.get)
+    assert r["regret"] == pytest.approx(ms["weave"] / ms[r["best_weave"]] - 1)
 
 
 def test_geomean_and_cli_errors(capsys):

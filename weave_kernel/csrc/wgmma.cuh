@@ -83,8 +83,11 @@ __device__ __forceinline__ uint32_t staging_offset(int row, int col) {
 
 // GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (the producer
 // loads them so), so every thread holds gate and up of the same h column in accumulators r and r + kBlockN / 4:
-// SwiGLU stays in registers.
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+// SwiGLU stays in registers. The division is the fast one (__fdividef: 2 ulp; a denominator above 2^126, i.e.
+// g < -87, gives 0, silu's limit there): the IEEE `/` brought a slow-path subroutine whose call made ptxas spill
+// around the epilogue, and took a GEMM0 tile's epilogue from about 5 to 7-15 us inside the layer; removing it made
+// layers 7-13% faster (docs/kernel.md, "The SwiGLU division").
+__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
 
 // A thread's outputs as bf16 pairs: pair j holds accumulators (2j, 2j + 1), i.e. row acc_row(2j), columns
 // acc_col(2j) and + 1. Packing first halves the registers the epilogue holds across its barriers (the 128 fp32

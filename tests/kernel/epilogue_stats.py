@@ -1,0 +1,61 @@
+"""Epilogue share of the GEMM tiles inside a layer, from a Chrome trace of a kernel built with
+tests/kernel/epilogue_timing.patch (the patch adds, per tile, a 'wait' record with row_block -7 - kind spanning
+"both warpgroups' MMAs done" .. "outputs written and the tile signalled", and one with -20 - kind spanning
+"this warpgroup's MMAs done" .. "both done"). How it was run (docs/kernel.md, "The SwiGLU division"):
+
+    git apply tests/kernel/epilogue_timing.patch   # on a scratch copy of the sources, or point WEAVE_KERNEL_CSRC at one
+    torchrun --nproc_per_node=1 -m weave_kernel.bench --models qwen3-30b-a3b --tokens 4096 --comm 20 --weave-comm= \
+        --no-sequential --repeats 2 --trace t.json --trace-policy weave
+    python tests/kernel/epilogue_stats.py t.json [t2.json ...]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+KIND = {2: "gemm0", 3: "gemm1"}
+
+
+def epilogue_stats(path: str) -> dict:
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    tiles, epi, skew = defaultdict(list), defaultdict(list), defaultdict(list)
+    for e in spans:
+        rb = e.get("args", {}).get("row_block")
+        if e["name"] in KIND.values():
+            tiles[e["name"]].append(e["dur"])
+        elif e["name"] == "wait" and rb is not None and -7 - 3 <= rb <= -7 - 2:
+            epi[KIND[-7 - rb]].append(e["dur"])
+        elif e["name"] == "wait" and rb is not None and -20 - 3 <= rb <= -20 - 2:
+            skew[KIND[-20 - rb]].append(e["dur"])
+    t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
+    sm_time = (t1 - t0) * len({(e["pid"], e["tid"]) for e in spans})
+    out = {"span_us": t1 - t0, "epilogue_share_of_sm_time": sum(map(sum, epi.values())) / sm_time}
+    for k in tiles:
+        out[k] = {"tiles": len(tiles[k]), "tile_median_us": statistics.median(tiles[k]),
+                  "epilogue_median_us": statistics.median(epi[k]) if epi[k] else None,
+                  "epilogue_share_of_tile_time": sum(epi[k]) / sum(tiles[k]) if epi[k] else None,
+                  "warpgroup_skew_median_us": statistics.median(skew[k]) if skew[k] else None}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    for path in argv:
+        s = epilogue_stats(path)
+        print(f"{path}: span {s['span_us']:.0f} us, epilogues {s['epilogue_share_of_sm_time']:.1%} of SM time")
+        for k in ("gemm0", "gemm1"):
+            if k in s and s[k]["epilogue_median_us"] is not None:
+                v = s[k]
+                print(f"  {k}: {v['tiles']} tiles, median {v['tile_median_us']:.1f} us, epilogue median "
+                      f"{v['epilogue_median_us']:.2f} us ({v['epilogue_share_of_tile_time']:.1%} of tile time), "
+                      f"warpgroup skew median {v['warpgroup_skew_median_us']:.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

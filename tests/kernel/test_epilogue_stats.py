@@ -1,0 +1,33 @@
+"""tests/kernel/epilogue_stats.py on a synthetic trace."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("epilogue_stats", Path(__file__).with_name("epilogue_stats.py"))
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+
+
+def _ev(name, ts, dur, tid, rb=None):
+    e = {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": ts, "dur": dur}
+    if rb is not None:
+        e["args"] = {"row_block": rb, "col_block_or_rank": 0}
+    return e
+
+
+def test_epilogue_shares(tmp_path):
+    ev = [_ev("gemm0", 0, 10, 0, 1), _ev("wait", 7, 3, 0, -9), _ev("wait", 6.5, 0.5, 0, -22),
+          _ev("gemm1", 10, 4, 0, 1), _ev("wait", 13, 1, 0, -10), _ev("wait", 13, 0.0, 0, -23),
+          _ev("gemm0", 0, 20, 1, 2), _ev("wait", 15, 5, 1, -9), _ev("wait", 2, 1.5, 1, 4)]  # a real wait: ignored
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    s = mod.epilogue_stats(str(p))
+    assert s["span_us"] == 20
+    assert s["epilogue_share_of_sm_time"] == pytest.approx((3 + 1 + 5) / (20 * 2))
+    assert s["gemm0"]["tiles"] == 2 and s["gemm0"]["epilogue_share_of_tile_time"] == pytest.approx(8 / 30)
+    assert s["gemm0"]["epilogue_median_us"] == pytest.approx(4) and s["gemm0"]["warpgroup_skew_median_us"] == 0.5
+    assert s["gemm1"]["epilogue_share_of_tile_time"] == pytest.approx(0.25)
