@@ -48,9 +48,13 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, zipf_s: float =
 
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
-                   zipf_s: float = 1.0, static_grid=STATIC_GRID, weave_grid=()) -> dict:
+                   zipf_s: float = 1.0, static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0) -> dict:
     model = get_model(model_name)
     profile = load_profile(profile_name)
+    if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
+        from .whatif import gemm_scaled
+
+        profile = gemm_scaled(profile, gemm_scale)
     counts, all_ids, placement = config_counts(model, world, tokens, seed, zipf_s)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, placement,
                              counts["tokens_per_gpu"])
@@ -65,6 +69,7 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     sweep = [p for p in ms if p.startswith("weave:")]
     best_weave = min(sweep, key=ms.get) if sweep else None
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "profile": profile_name,
+            "gemm_scale": gemm_scale,
             "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
             # the in-kernel choice against the best fixed C of the sweep (the regret, predicted)
             "regret": ms["weave"] / ms[best_weave] - 1.0 if best_weave else None,
@@ -87,10 +92,14 @@ def main(argv=None) -> int:
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
+    ap.add_argument("--gemm-scale", type=float, default=1.0,
+                    help="GEMM tiles this many times faster than the profile's (a kernel newer than the fit)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
         load_profile(args.profile)
+        if args.gemm_scale <= 0:
+            raise ValueError("--gemm-scale must be > 0")
         worlds = [int(g) for g in args.gpus.split(",")]
         tokens = [int(t) for t in args.tokens.split(",")]
         models = args.models.split(",")
@@ -102,11 +111,11 @@ def main(argv=None) -> int:
     jobs = [(m, g, t) for g in worlds for m in models for t in tokens]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
-        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, args.zipf, STATIC_GRID, wg)
-                for m, g, t in jobs]
+        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, args.zipf, STATIC_GRID, wg,
+                            args.gemm_scale) for m, g, t in jobs]
         rows = [f.result() for f in futs]
-    print(f"simulator ({args.profile}), kernel scheduling, Zipf({args.zipf}) routing seed {args.seed}; "
-          f"predicted ms")
+    print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
+          f"scheduling, Zipf({args.zipf}) routing seed {args.seed}; predicted ms")
     print(f"{'EP':>3} {'model':>17} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
     for r in rows:

@@ -40,9 +40,18 @@ def test_regret_against_a_weave_sweep():
     assert r["regret"] == pytest.approx(ms["weave"] / ms[r["best_weave"]] - 1)
 
 
+def test_faster_tiles_predict_a_faster_layer():
+    base = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel")
+    fast = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel", gemm_scale=1.2)
+    assert fast["gemm_scale"] == 1.2 and fast["bound_ms"] == base["bound_ms"]
+    assert fast["predicted_ms"]["sequential"] < base["predicted_ms"]["sequential"]
+
+
 def test_geomean_and_cli_errors(capsys):
     assert geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert geomean([None, 3.0]) == pytest.approx(3.0)
     with pytest.raises(SystemExit):
         main(["--gpus", "3", "--models", "qwen3-30b-a3b"])  # 128 experts do not split over 3 GPUs
     assert "do not split" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--gemm-scale", "0"])
