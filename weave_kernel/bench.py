@@ -117,6 +117,16 @@ def max_over_ranks(v: float) -> float:
     return float(t.item())
 
 
+def kernel_sources(args) -> dict:
+    """Fingerprints of the kernel sources this run built (build.sources_digest): "main", and "ab" for --ab-csrc."""
+    from .build import CSRC, sources_digest
+
+    out = {"main": sources_digest(CSRC)}
+    if getattr(args, "ab_csrc", ""):
+        out["ab"] = sources_digest(args.ab_csrc)
+    return out
+
+
 def lower_bound(all_ids: np.ndarray, model, placement) -> tuple[float, dict]:
     """Layer lower bound in ms from weave_sim (slowest GPU), and the per-GPU volumes."""
     from weave_sim.workload import layer_workload
@@ -393,7 +403,8 @@ def main(argv=None) -> int:
 
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
         header = run_header(args, world, gpu)
-        doc = {"header": header, "complete": final, "config": vars(args), "results": rows,
+        doc = {"header": header, "complete": final, "config": vars(args), "kernel_sources": kernel_sources(args),
+               "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
             doc["geomean_speedup_best_static"] = float(np.exp(np.mean(np.log([r["speedup_best_static"] for r in rows]))))

@@ -20,6 +20,24 @@ CUDA_FLAGS = (
 )
 _EXT = None
 _OTHER: dict = {}
+SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
+
+
+def sources_digest(csrc: str | os.PathLike | None = None) -> str:
+    """A fingerprint of the kernel sources in `csrc` (default: the ones load_extension builds): sha256 over every
+    .cu/.cuh/.h/.cpp file's name and bytes, in name order. The benchmark records it (`kernel_sources`), `weave-sim
+    calibrate --fit` copies it into the profile it fits, and `weave-sim validate` warns when a profile was fitted
+    to other sources than the results it is checked against. Torch-free."""
+    import hashlib
+
+    src = Path(csrc) if csrc is not None else CSRC
+    files = sorted(f for f in src.iterdir() if f.is_file() and f.suffix in SOURCE_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"no kernel sources in {src}")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
 
 
 def load_extension(verbose: bool = False, csrc: str | os.PathLike | None = None):

@@ -225,6 +225,12 @@ def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, in
     return float(np.mean(logs)), len(logs)
 
 
+def fitted_kernel_sources(bench: dict) -> str | None:
+    """The fingerprint of the kernel a benchmark file measured (its "kernel_sources" "main" entry), or None."""
+    ks = bench.get("kernel_sources")
+    return ks.get("main") if isinstance(ks, dict) else None
+
+
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None) -> dict:
@@ -280,7 +286,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
                            "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
-                           "points": n, "min_tokens": min_tokens, "policies": policies}
+                           "points": n, "min_tokens": min_tokens, "policies": policies,
+                           # the kernel the latencies came from (weave_kernel.build.sources_digest), if recorded
+                           "kernel_sources": fitted_kernel_sources(bench)}
     profile_from_dict(prof, origin="fitted profile")
     return prof
 

@@ -7,6 +7,7 @@ writes JSON (results plus the resolved configuration) under --out.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -73,10 +74,14 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
-    from .validate import summarize, validate_file
+    from .validate import kernel_sources_warning, summarize, validate_file
 
-    rows = validate_file(args.results, load_profile(args.profile), seed=args.seed,
+    profile = load_profile(args.profile)
+    rows = validate_file(args.results, profile, seed=args.seed,
                          trace_dir=args.out / "traces" if args.traces else None)
+    stale = kernel_sources_warning(json.loads(Path(args.results).read_text()), profile)
+    if stale:
+        print(f"warning: {stale}")
     table = []
     for r in rows:
         for pol, meas in r.measured_ms.items():
@@ -108,6 +113,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     summary = summarize(rows)
     print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
+                                                   "warnings": [stale] if stale else [],
                                                    "configs": [r.to_dict() for r in rows]})
     print(f"wrote {path}")
     return 0

@@ -142,3 +142,53 @@ def test_clocks_measured_and_predicted(tmp_path, capsys):
     assert all(0.3 * 1980 <= m < 1980 for v in row.predicted_mhz.values() for m in v)  # this load is capped
     assert main(["validate", str(path), "--profile", str(prof_path), "--out", str(tmp_path / "o")]) == 0
     assert "SM clock" in capsys.readouterr().out
+
+
+def test_validate_warns_when_the_profile_was_fitted_to_other_kernel_sources(tmp_path, capsys):
+    """A profile fitted to one kernel's latencies, checked against another kernel's results, says so."""
+    import copy
+
+    from weave_sim.profile import profile_from_dict
+    from weave_sim.validate import kernel_sources_warning
+
+    path = bench_file(tmp_path, {"static:8": 1.0, "static:32": 1.0})
+    data = json.loads(path.read_text())
+    raw = copy.deepcopy(PROFILE.raw)
+    raw["name"] = "fitted-elsewhere"
+    raw.setdefault("calibration", {})["kernel_sources"] = "sha256:aaaa"
+    prof = profile_from_dict(raw)
+    assert kernel_sources_warning(data, prof) is None  # the results do not say which kernel: nothing to compare
+    data["kernel_sources"] = {"main": "sha256:aaaa"}
+    assert kernel_sources_warning(data, prof) is None
+    data["kernel_sources"] = {"main": "sha256:bbbb", "ab": "sha256:aaaa"}
+    msg = kernel_sources_warning(data, prof)
+    assert "fitted-elsewhere" in msg and "sha256:aaaa" in msg and "sha256:bbbb" in msg
+    assert kernel_sources_warning(data, PROFILE) is None  # the seed profile was not fitted to a kernel
+    path.write_text(json.dumps(data))
+    prof_path = tmp_path / "fitted.json"
+    prof_path.write_text(json.dumps(raw))
+    assert main(["validate", str(path), "--profile", str(prof_path), "--out", str(tmp_path / "o")]) == 0
+    assert "warning: profile fitted-elsewhere was fitted to kernel sources sha256:aaaa" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "validate.json").read_text())["warnings"] == [msg]
+
+
+def test_fit_records_the_kernel_sources_of_its_benchmark(tmp_path):
+    from weave_sim.calibrate import fit_profile
+    from weave_sim.engine.testing import simulated_bench_file
+
+    bench = simulated_bench_file(tmp_path / "bench.json", PROFILE, 1024, 512)
+    prof = fit_profile(bench, rounds=1, iters=1, log=lambda m: None)
+    assert prof["calibration"]["kernel_sources"] is None
+    data = json.loads(bench.read_text())
+    data["kernel_sources"] = {"main": "sha256:0123456789abcdef"}
+    bench.write_text(json.dumps(data))
+    prof = fit_profile(bench, rounds=1, iters=1, log=lambda m: None)
+    assert prof["calibration"]["kernel_sources"] == "sha256:0123456789abcdef"
+
+
+def test_shipped_fitted_profiles_name_the_kernel_they_were_fitted_to():
+    """Both fits used run A of docs/results/kernel_bench_A_at.json, measured on the kernel of commit 4952f58."""
+    for name in ("h200-megakernel", "h200-megakernel-power"):
+        cal = load_profile(name).raw["calibration"]
+        assert cal["fitted_to"].endswith("kernel_bench_A_at.json")
+        assert cal["kernel_sources"] == "sha256:15b22c0338baf433"
