@@ -4,8 +4,11 @@
 # fits) and run B (weave with the kernel's default cost profile, a weave:C sweep, static:8/20 and
 # sequential: held out for `weave-sim validate`), decode (128 tokens), and per-SM traces of `weave` on three
 # models. Everything lands in $OUT/results.tgz (the device tool returns at most 8 files). Needs $OUT.
-# Knobs: FINAL_STAGES (default build,test2,test1,sanitize), FINAL_REPEATS (5), FINAL_TAG (file suffix),
-# FINAL_SUSTAINED (seconds; unset = no sustained run). The bench interleaves policies and records clocks.
+# Knobs: FINAL_STAGES (default build,test2,test1,sanitize; add virtual for world sizes 2-8 on GPU 0), FINAL_RUNS,
+# FINAL_REPEATS (5), FINAL_TAG (file suffix), FINAL_SUSTAINED (seconds; unset = no sustained run), FINAL_CALIB=1
+# (also the calibration microbenchmarks, calib_$TAG.json, power block included, on the same boards). The bench
+# interleaves policies, records clocks and the kernel sources' fingerprint. On the CPU machine afterwards:
+# bash tests/kernel/refit.sh DIR TAG (DIR = the unpacked results_$TAG.tgz).
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_EXTENSIONS_DIR=/tmp/weave_ext
@@ -17,15 +20,24 @@ M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepsee
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
-bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
-bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
+# FINAL_RUNS: which runs (default A,B,decode,traces; add S and calib below). A device call is limited to 10 min, so a
+# full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
+# vary FINAL_TAG's suffix or fetch it in between).
+RUNS=${FINAL_RUNS:-A,B,decode,traces}
+want() { [[ ",$RUNS," == *",$1,"* ]]; }
+want A && bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
+want B && bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
+want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
 # FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,
 # forward then reverse (bench --sustained; docs/power.md); about 5 min at S=1 (5 min at EP=1 measured)
-if [ -n "${FINAL_SUSTAINED:-}" ]; then
-  BENCH_TIMEOUT=420 bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained $FINAL_SUSTAINED
+if [ -n "${FINAL_SUSTAINED:-}" ] || want S; then
+  BENCH_TIMEOUT=420 bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained ${FINAL_SUSTAINED:-1}
 fi
-for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
+if [ -n "${FINAL_CALIB:-}" ] || want calib; then
+  timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate --out $R/calib_$TAG.json \
+    > $R/calib_$TAG.log 2>&1; echo "calib rc $? [${SECONDS}s]"
+fi
+want traces && for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
   bench trace_run_$m --models $m --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 \
     --trace $R/trace_weave_${m}_4096.json --trace-policy weave > /dev/null
 done

@@ -1,0 +1,35 @@
+#!/bin/bash
+# CPU side of a results run (after tests/kernel/final_run.sh on the GPU machine): profiles from the new
+# measurements, the fit on run A, the held-out validation on run B, the results tables and the EP=4/8
+# expectations, all with the same tag. Usage: bash tests/kernel/refit.sh DIR TAG [POWER_JSON]
+#   DIR: the unpacked results_TAG.tgz (bench_A_TAG.json, bench_B_TAG.json, optional calib_TAG.json)
+#   POWER_JSON: a measurements file with a power block (default: DIR/calib_TAG.json if it has one)
+# Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (+ -power-TAG.json), validate_*/, tables.
+# About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
+set -euo pipefail
+DIR=${1:?results folder}; TAG=${2:?tag}; POWER=${3:-}
+O=$DIR/refit; mkdir -p $O
+A=$DIR/bench_A_$TAG.json; B=$DIR/bench_B_$TAG.json
+[ -f "$A" ] && [ -f "$B" ] || { echo "need $A and $B"; exit 2; }
+BASE=h200-calibrated
+if [ -f "$DIR/calib_$TAG.json" ]; then
+  weave-sim calibrate "$DIR/calib_$TAG.json" --base h200 --name h200-calibrated-$TAG -o $O/h200-calibrated-$TAG.json
+  BASE=$O/h200-calibrated-$TAG.json
+  if [ -z "$POWER" ] && python3 -c "import json,sys; sys.exit(0 if 'power' in json.load(open('$DIR/calib_$TAG.json')) else 1)"; then
+    POWER=$DIR/calib_$TAG.json
+  fi
+fi
+POL=sequential,static:4,static:8,static:20,static:48
+weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --policies $POL --name h200-megakernel-$TAG \
+  -o $O/h200-megakernel-$TAG.json | tail -2
+weave-sim validate $B --profile $O/h200-megakernel-$TAG.json --out $O/validate_$TAG | grep -E "^summary|^warning"
+if [ -n "$POWER" ]; then
+  weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --policies $POL \
+    --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
+  weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
+fi
+python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
+python3 -m weave_kernel.predict --gpus 2,4,8 --profile $O/h200-megakernel-$TAG.json --weave-grid 8,12,16,20,24,32 \
+  --out $O/predict_$TAG.json > $O/predict_$TAG.txt
+tail -3 $O/predict_$TAG.txt
+echo "wrote $O"
