@@ -399,11 +399,12 @@ def main(argv=None) -> int:
     args.weave_comm = args.comm if args.weave_comm is None else [int(c) for c in args.weave_comm.split(",") if c]
     rank, world, dev = init_ranks()
     rows = []
+    sources = kernel_sources(args)  # hashed once: the sources do not change during the run
     gpu = torch.cuda.get_device_name(dev)
 
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
         header = run_header(args, world, gpu)
-        doc = {"header": header, "complete": final, "config": vars(args), "kernel_sources": kernel_sources(args),
+        doc = {"header": header, "complete": final, "config": vars(args), "kernel_sources": sources,
                "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:

@@ -225,7 +225,7 @@ def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, in
     return float(np.mean(logs)), len(logs)
 
 
-def fitted_kernel_sources(bench: dict) -> str | None:
+def bench_kernel_sources(bench: dict) -> str | None:
     """The fingerprint of the kernel a benchmark file measured (its "kernel_sources" "main" entry), or None."""
     ks = bench.get("kernel_sources")
     return ks.get("main") if isinstance(ks, dict) else None
@@ -288,7 +288,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                            "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,
                            # the kernel the latencies came from (weave_kernel.build.sources_digest), if recorded
-                           "kernel_sources": fitted_kernel_sources(bench)}
+                           "kernel_sources": bench_kernel_sources(bench)}
     profile_from_dict(prof, origin="fitted profile")
     return prof
 

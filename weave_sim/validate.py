@@ -129,10 +129,10 @@ def kernel_options(r: dict) -> dict:
 def kernel_sources_warning(bench: dict, profile: HardwareProfile) -> str | None:
     """A warning when `profile` was fitted to latencies of other kernel sources than the ones `bench` measured
     (both fingerprints recorded: weave_kernel.build.sources_digest); None when they agree or one is unknown."""
-    from .calibrate import fitted_kernel_sources
+    from .calibrate import bench_kernel_sources
 
     fitted = (profile.raw.get("calibration") or {}).get("kernel_sources")
-    measured = fitted_kernel_sources(bench)
+    measured = bench_kernel_sources(bench)
     if not fitted or not measured or fitted == measured:
         return None
     return (f"profile {profile.name} was fitted to kernel sources {fitted}, these results measured {measured}: "
