@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sustained", type=float, default=0.0,
                     help="also time every policy back to back for about this many seconds after 0.5 s idle (the "
                          "clock a power-capped GPU holds under a stream of layers; docs/power.md): sustained_ms")
+    ap.add_argument("--num-ctas", type=int, default=0,
+                    help="the megakernel's grid (default 0: one CTA per SM); fewer CTAs draw less power (docs/power.md)")
     ap.add_argument("--no-gpu-state", action="store_true", help="do not sample clocks / power with nvidia-smi")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     return ap.parse_args(argv)
@@ -156,7 +158,7 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     w13 = (torch.randn(e_loc, 2 * I, H, device=dev, generator=gen) / H**0.5).to(torch.bfloat16)
     w2 = (torch.randn(e_loc, H, I, device=dev, generator=gen) / I**0.5).to(torch.bfloat16)
     kw = dict(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k, placement=placement,
-              max_tokens=max_tokens, cost_profile=args.cost_profile)
+              max_tokens=max_tokens, cost_profile=args.cost_profile, num_ctas=args.num_ctas or None)
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
     if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
         from .build import load_extension
