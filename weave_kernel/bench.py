@@ -179,7 +179,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
     res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
-           "latency_ms": {}, "timing_order": args.order}
+           "num_ctas": layer.num_ctas, "latency_ms": {}, "timing_order": args.order}
 
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
     fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}

@@ -234,13 +234,16 @@ def bench_kernel_sources(bench: dict) -> str | None:
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None) -> dict:
-    """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (FIT_PARAMS, optionally
-    with OPTIONAL_FIT_PARAMS) minimising fit_error on a kernel benchmark file; returns the fitted profile
-    dictionary with its provenance. power_path: a measurements file whose "power" block (power_model) is added to
-    the base before fitting, so that the fit sees the clock the power cap leaves each layer."""
+    """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
+    OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
+    on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
+    for benchmarks that cannot constrain the rest, e.g. one GPU (no NVLink traffic: keep push_scale, refit the GEMM
+    rate and the fixed costs on a profile whose push curve was fitted on two). power_path: a measurements file
+    whose "power" block (power_model) is added to the base before fitting, so that the fit sees the clock the
+    power cap leaves each layer."""
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
-    if unknown or not set(FIT_PARAMS) <= set(params):
-        raise CalibrationError(f"fit parameters must include {FIT_PARAMS} and may add {OPTIONAL_FIT_PARAMS}; "
+    if unknown or not params:
+        raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
                                f"got {tuple(params)}")
     try:
         bench = json.loads(Path(bench_path).read_text())
@@ -278,14 +281,16 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     prof["version"] = f"fit-{Path(bench_path).stem}"
     prof["measured_by"] = "weave-sim calibrate --fit (kernel benchmark latencies)"
     prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) latencies of {bench_path} "
-                      f"({bench.get('header', 'kernel benchmark')}): per-SM GEMM rate x {x['gemm_scale']:.3f}, "
+                      f"({bench.get('header', 'kernel benchmark')}; fitted: {', '.join(params)}): "
+                      f"per-SM GEMM rate x {x['gemm_scale']:.3f}, "
                       f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us, "
                       f"grid barrier {x['barrier_us']:.1f} us"
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
-                           "fitted_to": str(bench_path), "params": x, "mean_abs_log_error": best,
+                           "fitted_to": str(bench_path), "params": x, "fitted": list(params),
+                           "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,
                            # the kernel the latencies came from (weave_kernel.build.sources_digest), if recorded
                            "kernel_sources": bench_kernel_sources(bench)}

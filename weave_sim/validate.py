@@ -17,7 +17,7 @@ import numpy as np
 
 from .placement import contiguous
 from .presets import ModelPreset
-from .profile import HardwareProfile
+from .profile import HardwareProfile, profile_from_dict
 from .workload import workload_from_counts
 
 def sim_policy(kernel_policy: str, result: dict | None = None) -> str:
@@ -62,11 +62,27 @@ def _layer_from_result(r: dict):
     return workload_from_counts(c["source_expert_pairs"], c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
 
 
+def profile_for_result(r: dict, profile: HardwareProfile) -> HardwareProfile:
+    """`profile` with as many SMs as the benchmark's grid had CTAs (`bench --num-ctas`, recorded as "num_ctas"),
+    else `profile` itself: a kernel launched on fewer CTAs than SMs is simulated on that many SMs."""
+    n = r.get("num_ctas")
+    if n is None or int(n) == profile.num_sms:
+        return profile
+    if not 1 < int(n) <= profile.num_sms:
+        raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')}: num_ctas {n} is not in "
+                         f"[2, {profile.num_sms}] (the profile's SMs)")
+    raw = json.loads(json.dumps(profile.to_dict()))
+    raw["num_sms"] = int(n)
+    return profile_from_dict(raw, origin=f"{profile.name} on {int(n)} SMs")
+
+
 def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> ConfigValidation:
-    """Simulate every measured kernel policy of one benchmark result. With `trace_dir`, also write the
-    simulated Chrome trace of each policy whose name is in TRACE_POLICIES, to open beside the kernel's."""
+    """Simulate every measured kernel policy of one benchmark result (on the grid it ran on). With `trace_dir`,
+    also write the simulated Chrome trace of each policy whose name is in TRACE_POLICIES, to open beside the
+    kernel's."""
     from .engine import simulate_layer, write_chrome_trace
 
+    profile = profile_for_result(r, profile)
     w = _layer_from_result(r)
     measured = {p: float(t) for p, t in r["latency_ms"].items() if p != "reference"}
     out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})

@@ -97,3 +97,23 @@ def test_fit_with_a_per_tile_cost_sets_task_claim(tmp_path):
     x = prof["calibration"]["params"]
     assert "tile_ns" in x and prof["fixed_ns"]["task_claim"] == int(round(x["tile_ns"]))
     assert "per GEMM tile" in prof["source"]
+
+
+def test_fit_of_a_subset_keeps_the_rest_of_the_base(tmp_path):
+    """--fit-params without push_scale (one GPU: nothing constrains it): the push curve stays the base's, the
+    GEMM rate is still recovered, and the provenance names what was fitted."""
+    from weave_sim.calibrate import fit_profile, scaled_profile
+    from weave_sim.engine.testing import simulated_bench_file
+    from weave_sim.profile import profile_from_dict
+
+    base = load_profile().raw
+    truth = profile_from_dict(scaled_profile(base, 0.7, 1.0, 20.0))
+    bench = simulated_bench_file(tmp_path / "bench.json", truth, 2048, 2048)
+    prof = fit_profile(bench, rounds=1, iters=6, log=lambda m: None, params=("gemm_scale", "fixed_us"))
+    cal = prof["calibration"]
+    assert cal["fitted"] == ["gemm_scale", "fixed_us"] and cal["params"]["push_scale"] == 1.0
+    assert prof["nvlink"]["push_gbs_by_ctas"] == base["nvlink"]["push_gbs_by_ctas"]
+    assert abs(cal["params"]["gemm_scale"] - 0.7) < 0.1
+    assert "fitted: gemm_scale, fixed_us" in prof["source"]
+    with pytest.raises(CalibrationError):
+        fit_profile(bench, params=())

@@ -192,3 +192,35 @@ def test_shipped_fitted_profiles_name_the_kernel_they_were_fitted_to():
         cal = load_profile(name).raw["calibration"]
         assert cal["fitted_to"].endswith("kernel_bench_A_at.json")
         assert cal["kernel_sources"] == "sha256:15b22c0338baf433"
+
+
+def test_a_smaller_grid_is_simulated_on_that_many_sms(tmp_path):
+    """bench --num-ctas records the grid; validation simulates the layer on that many SMs (fewer SMs: slower),
+    and a grid the profile cannot hold is an error, not a silent 132-SM prediction."""
+    from weave_sim.validate import profile_for_result, validate_result
+
+    r = json.loads(bench_file(tmp_path, {"static:8": 1.0}).read_text())["results"][0]
+    full = validate_result(r, PROFILE).predicted_ms["static:8"]
+    assert profile_for_result(r, PROFILE) is PROFILE and profile_for_result({**r, "num_ctas": PROFILE.num_sms}, PROFILE) is PROFILE
+    small = profile_for_result({**r, "num_ctas": 32}, PROFILE)
+    assert small.num_sms == 32 and small.name == PROFILE.name
+    assert validate_result({**r, "num_ctas": 32}, PROFILE).predicted_ms["static:8"] > 1.1 * full
+    with pytest.raises(ValueError, match="num_ctas"):
+        validate_result({**r, "num_ctas": PROFILE.num_sms + 1}, PROFILE)
+
+
+def test_shipped_ep1_refits_keep_their_bases_links():
+    """The EP=1 refits of the current kernel (docs/results.md): GEMM rate and fixed costs fitted on one GPU, the
+    NVLink push curve left as the two-GPU fit made it, and the kernel they were fitted to named."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for name, base in (("h200-megakernel-ep1", "h200-megakernel"), ("h200-megakernel-power-ep1", "h200-megakernel-power")):
+        prof, b = load_profile(name), load_profile(base)
+        cal = prof.raw["calibration"]
+        assert cal["base"] == base and cal["fitted"] == ["gemm_scale", "fixed_us", "barrier_us"]
+        assert cal["params"]["push_scale"] == 1.0
+        assert prof.raw["nvlink"] == b.raw["nvlink"] and ("power" in prof.raw) == ("power" in b.raw)
+        bench = json.loads((root / cal["fitted_to"]).read_text())
+        assert cal["fitted_to"].startswith("docs/results/ep1/") and {r["gpus"] for r in bench["results"]} == {1}
+        assert cal["kernel_sources"] == bench["kernel_sources"]["main"]
