@@ -33,7 +33,7 @@ from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import load_profile, profile_from_dict
-from weave_sim.validate import kernel_options
+from weave_sim.validate import kernel_options, profile_for_result
 from weave_sim.workload import workload_from_counts
 
 from .routing import bench_routing
@@ -88,6 +88,7 @@ def parse_variant(text: str) -> tuple[str, float]:
 
 def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str = "dedup") -> dict:
     kind, speedup = parse_variant(variant)
+    profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
     c = result["counts"]
     model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
                         int(result["top_k"]), 0, 1)

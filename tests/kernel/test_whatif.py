@@ -94,3 +94,11 @@ def test_whatif_cli_names_missing_counts(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(path), "--tokens", "999"])
     assert "no results at those token counts" in capsys.readouterr().err
+
+
+def test_whatif_simulates_the_grid_the_benchmark_ran_on():
+    """A bench --num-ctas result is simulated on that many SMs, as weave-sim validate does."""
+    r = {**_result(top_k=4, tokens=2048), "hidden": 2048, "inter": 1024}  # enough tiles for the grid to matter
+    full = whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
+    small = whatif_result({**r, "num_ctas": 32}, load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
+    assert all(small["as_built"][p] > full["as_built"][p] for p in full["as_built"])
