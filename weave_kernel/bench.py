@@ -16,7 +16,12 @@ the SM clock, power, temperature and clock-event reasons nvidia-smi reported mea
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
 rank), in order and then in reverse: `sustained_ms` (mean of the two passes) and `sustained_gpu_state`, what a
 power-capped GPU holds under a stream of layers (docs/power.md).
-Routing: seeded Zipf-skewed top-k per rank (weave_kernel.routing.bench_routing).
+Routing (weave_kernel.routing.RoutingSpec, recorded in the results' config as "routing"): by default a seeded
+Zipf-skewed top-k per rank (`--zipf`, weave_kernel.routing.bench_routing); with `--synthetic KIND [-p key=value]`
+(weave_sim's generators, e.g. `fitted`: the per-layer skew and token reuse of the shipped real trace) or
+`--routing-trace FILE|default` (a recorded trace of the model, e.g. `--models gpt-oss-20b --routing-trace default`)
+every configuration is timed on each MoE layer in `--layers` (default: four spread over the depth), one result per
+layer ("layer"), so that per-layer decisions meet per-layer routing.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from weave_sim.validate import KERNEL_LAYOUT  # the layout this kernel computes 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
-from .routing import bench_routing
+from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
 
@@ -56,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-local-experts", type=int, default=0, help="cap experts per GPU (0 = the model's)")
     ap.add_argument("--cost-profile", default=DEFAULT_COST_PROFILE,
                     help="weave_sim profile (name or JSON path) whose cost table the kernel's weave choice reads")
-    ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the routing skew")
+    add_routing_args(ap)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--calls-per-rep", type=int, default=4,
@@ -167,9 +172,10 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     return layer, w13, w2
 
 
-def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev, sampler=None) -> dict:
+def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev, sampler=None,
+                 moe_layer: int | None = None) -> dict:
     placement = contiguous(model.num_experts, world)
-    ids, w = bench_routing(n, model.num_experts, model.top_k, seed=args.seed, rank=rank, zipf_s=args.zipf)
+    ids, w = rank_routing(args.spec, model, world, n, seed=args.seed, rank=rank, layer=moe_layer)
     gathered = [None] * world
     dist.all_gather_object(gathered, ids)
     all_ids = np.concatenate(gathered)
@@ -180,6 +186,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
            "num_ctas": layer.num_ctas, "latency_ms": {}, "timing_order": args.order}
+    if moe_layer is not None:
+        res["layer"] = moe_layer
 
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
     fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}
@@ -265,7 +273,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         if rank == 0:
             meta = [process_metadata(g, f"GPU {g} ({best})") for g in range(world)]
             write_chrome_trace(args.trace, meta + [e for ev in allev for e in ev],
-                               {"model": model.name, "tokens_per_gpu": n, "policy": best})
+                               {"model": model.name, "tokens_per_gpu": n, "policy": best, "layer": moe_layer})
         args.trace = ""
     return res
 
@@ -325,13 +333,18 @@ def ab_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def config_label(r: dict) -> str:
+    """A result's model, with its MoE layer when the routing was per layer."""
+    return r["model"] + (f"@L{r['layer']}" if r.get("layer") is not None else "")
+
+
 def format_table(rows: list[dict], header: str) -> str:
-    lines = [header, f"{'model':<18}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
+    lines = [header, f"{'model':<20}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
              f"{'x ref':>7}{'x seq':>7}{'LB ms':>8}{'%LB':>6}{'GB/s':>7}{'TF/s':>7}{'err':>9}"]
     for r in rows:
         lat = r["latency_ms"]
         b = r["best_static"]
-        lines.append(f"{r['model']:<18}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
+        lines.append(f"{config_label(r):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
                      f"{lat.get('sequential', float('nan')):>9.3f}"
                      f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential'] or float('nan'):>7.2f}"
                      f"{r['lower_bound_ms']:>8.3f}{100 * r['fraction_of_lower_bound']:>6.1f}"
@@ -341,7 +354,7 @@ def format_table(rows: list[dict], header: str) -> str:
 
 def format_weave_table(rows: list[dict]) -> str:
     """weave vs the best static:C (after the fact, per config) vs static:20 vs the reference."""
-    lines = [f"{'model':<18}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
+    lines = [f"{'model':<20}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
              f"{'best weave:C':>14}{'ms':>8}{'w/best':>8}{'w/st20':>8}{'w/ref':>7}{'%LB':>6}  c*,K* per rank (agree)"]
     for r in rows:
         if "weave_vs_best_static" not in r:
@@ -351,7 +364,7 @@ def format_weave_table(rows: list[dict]) -> str:
         cks = " ".join(f"{k['c_star']},{k['k_star']}" if k else "?" for k in ch.get("kernel", []))
         s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
         w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
-        lines.append(f"{r['model']:<18}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
+        lines.append(f"{config_label(r):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
                      f"{lat['weave']:>8.3f}{(bw or '-'):>14}{(lat[bw] if bw else float('nan')):>8.3f}"
                      f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
                      f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")
@@ -388,8 +401,8 @@ def weave_geomeans(rows: list[dict]) -> dict:
 
 
 def run_header(args, world: int, gpu: str) -> str:
-    return (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, Zipf {args.zipf} "
-            f"routing, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
+    return (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, routing: "
+            f"{args.spec.describe()}, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
             f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
 
 
@@ -399,6 +412,13 @@ def main(argv=None) -> int:
         raise SystemExit("--repeats and --calls-per-rep must be >= 1, --warmup >= 0")
     args.comm = [int(c) for c in args.comm.split(",") if c]
     args.weave_comm = args.comm if args.weave_comm is None else [int(c) for c in args.weave_comm.split(",") if c]
+    try:
+        args.spec = spec_from_args(args)
+        args.routing = args.spec.to_dict()  # recorded in the results' config (weave_kernel.routing.spec_of_config)
+        layer_sets = {name: parse_layers(args.layers, args.spec, get_model(name).num_moe_layers)
+                      for name in args.models.split(",")}
+    except (ValueError, KeyError) as exc:
+        raise SystemExit(f"weave_kernel.bench: {exc}")
     rank, world, dev = init_ranks()
     rows = []
     sources = kernel_sources(args)  # hashed once: the sources do not change during the run
@@ -406,7 +426,8 @@ def main(argv=None) -> int:
 
     def dump(final: bool) -> None:  # rank 0, after every config: a killed run still leaves its results
         header = run_header(args, world, gpu)
-        doc = {"header": header, "complete": final, "config": vars(args), "kernel_sources": sources,
+        config = {k: v for k, v in vars(args).items() if not isinstance(v, RoutingSpec)}
+        doc = {"header": header, "complete": final, "config": config, "kernel_sources": sources,
                "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
@@ -427,13 +448,14 @@ def main(argv=None) -> int:
             model = dataclasses.replace(model, num_experts=e, top_k=min(model.top_k, e))
         tokens = [int(t) for t in args.tokens.split(",")]
         layer, w13, w2 = make_layer(model, max(tokens), args, world, dev)
-        for n in tokens:
+        for n, moe_layer in [(n, m) for n in tokens for m in layer_sets[name]]:
             t0 = time.time()
-            r = bench_config(model, n, layer, w13, w2, args, rank, world, dev, sampler)
+            r = bench_config(model, n, layer, w13, w2, args, rank, world, dev, sampler, moe_layer)
             rows.append(r)
             if rank == 0:
                 lat = r["latency_ms"]
-                print(f"[{time.time() - t0:5.1f}s] {name} N={n}: " +
+                where = "" if moe_layer is None else f" layer {moe_layer}"
+                print(f"[{time.time() - t0:5.1f}s] {name} N={n}{where}: " +
                       " ".join(f"{k}={v:.3f}" for k, v in lat.items()) +
                       (f" choice={[(k['c_star'], k['k_star']) if k else None for k in r['weave_choice']['kernel']]}"
                        f" agrees={r['weave_choice']['agrees']}" if "weave_choice" in r else "") +

@@ -1,7 +1,8 @@
 """What the simulator expects this megakernel to do at world sizes not measured yet (EP=4, EP=8), next to EP=2.
 
-For each model x tokens per GPU x world size it rebuilds the routing the benchmark would use on every rank
-(`weave_kernel.routing.bench_routing`, Zipf-skewed, the bench's seed), and simulates the kernel's scheduling
+For each model x tokens per GPU x world size (x MoE layer, with per-layer routing) it rebuilds the routing the
+benchmark would use on every rank (`weave_kernel.routing.rank_routing`: the bench's seed and routing options,
+Zipf-skewed per rank by default, or `--synthetic KIND` / `--routing-trace FILE` with `--layers`), and simulates the kernel's scheduling
 (`kernel:P` engine policies with the expert-packed receive layout, as `weave-sim validate` does) under
 `sequential`, `static:C` for the bench's grid of C, and `weave` ((c*, K*) per GPU from the profile's cost table,
 comm CTAs stealing tiles). It prints per configuration the predicted latencies, weave over static:20 and over
@@ -34,28 +35,29 @@ from weave_sim.validate import KERNEL_LAYOUT, KERNEL_LAYOUTS
 from weave_sim.workload import layer_workload, workload_from_counts
 
 from .choice import counts_from_routing
-from .routing import bench_routing
+from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 
 STATIC_GRID = (4, 8, 12, 16, 20, 32, 48)
 
 
-def config_counts(model, world: int, tokens: int, seed: int = 0, zipf_s: float = 1.0):
+def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSpec = RoutingSpec(),
+                  layer: int | None = None):
     """The counts and the concatenated routing of every rank, as `python -m weave_kernel.bench` draws them."""
-    ids = [bench_routing(tokens, model.num_experts, model.top_k, seed=seed, rank=r, zipf_s=zipf_s)[0]
-           for r in range(world)]
+    ids = [rank_routing(spec, model, world, tokens, seed=seed, rank=r, layer=layer)[0] for r in range(world)]
     placement = contiguous(model.num_experts, world)
     return counts_from_routing(ids, model.num_experts, placement), np.concatenate(ids), placement
 
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
-                   zipf_s: float = 1.0, static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0) -> dict:
+                   spec: RoutingSpec = RoutingSpec(), static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0,
+                   layer: int | None = None) -> dict:
     model = get_model(model_name)
     profile = load_profile(profile_name)
     if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
         from .whatif import gemm_scaled
 
         profile = gemm_scaled(profile, gemm_scale)
-    counts, all_ids, placement = config_counts(model, world, tokens, seed, zipf_s)
+    counts, all_ids, placement = config_counts(model, world, tokens, seed, spec, layer)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, placement,
                              counts["tokens_per_gpu"])
     opts = KERNEL_LAYOUTS[KERNEL_LAYOUT]
@@ -68,7 +70,7 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     best = min((p for p in ms if p.startswith("static:")), key=ms.get)
     sweep = [p for p in ms if p.startswith("weave:")]
     best_weave = min(sweep, key=ms.get) if sweep else None
-    return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "profile": profile_name,
+    return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "layer": layer, "profile": profile_name,
             "gemm_scale": gemm_scale,
             "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
             # the in-kernel choice against the best fixed C of the sweep (the issue's regret, predicted)
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="2048,4096,8192")
     ap.add_argument("--profile", default="h200-megakernel-power")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--zipf", type=float, default=1.0)
+    add_routing_args(ap)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
     ap.add_argument("--gemm-scale", type=float, default=1.0,
@@ -103,24 +105,27 @@ def main(argv=None) -> int:
         worlds = [int(g) for g in args.gpus.split(",")]
         tokens = [int(t) for t in args.tokens.split(",")]
         models = args.models.split(",")
+        spec = spec_from_args(args)
+        layers = {m: parse_layers(args.layers, spec, get_model(m).num_moe_layers) for m in models}
         for m in models:
             if get_model(m).num_experts % max(worlds):
                 raise ValueError(f"{m}: {get_model(m).num_experts} experts do not split over {max(worlds)} GPUs")
     except (ValueError, KeyError) as exc:
         ap.error(str(exc))
-    jobs = [(m, g, t) for g in worlds for m in models for t in tokens]
+    jobs = [(m, g, t, lay) for g in worlds for m in models for t in tokens for lay in layers[m]]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
-        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, args.zipf, STATIC_GRID, wg,
-                            args.gemm_scale) for m, g, t in jobs]
+        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, wg,
+                            args.gemm_scale, lay) for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
-          f"scheduling, Zipf({args.zipf}) routing seed {args.seed}; predicted ms")
-    print(f"{'EP':>3} {'model':>17} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
+          f"scheduling, routing {spec.describe()}, seed {args.seed}; predicted ms")
+    print(f"{'EP':>3} {'model':>20} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
     for r in rows:
         ms = r["predicted_ms"]
-        print(f"{r['gpus']:>3} {r['model']:>17} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
+        label = r["model"] + (f"@L{r['layer']}" if r["layer"] is not None else "")
+        print(f"{r['gpus']:>3} {label:>20} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
               f"{ms[r['best_static']]:>8.3f} ({r['best_static']:>9}) {ms['weave']:>8.3f} "
               f"{r['weave_vs_static20']:>7.3f}x {r['weave_vs_best_static']:>7.3f}x {r['weave_fraction_of_bound']:>8.1%} "
               + (f"{r['regret']:>6.1%} ({r['best_weave']})" if r["regret"] is not None else ""))
@@ -136,6 +141,7 @@ def main(argv=None) -> int:
                  f"{max(regrets):.1%}" if regrets else ""))
     if args.out:
         args.out.write_text(json.dumps({"profile": args.profile, "seed": args.seed, "zipf": args.zipf,
+                                        "routing": spec.to_dict(),
                                         "rows": rows}, indent=1))
     return 0
 

@@ -1,7 +1,7 @@
 """Add the exchanged counts to a kernel benchmark file that predates them, so `weave-sim validate` can read it.
 
-The benchmark's routing is a pure function of its seed (weave_kernel.routing.bench_routing), so the counts each
-call exchanged can be rebuilt exactly:
+The benchmark's routing is a pure function of its config (seed and routing spec: weave_kernel.routing.result_routing),
+so the counts each call exchanged can be rebuilt exactly:
 
     python -m weave_kernel.recount OLD.json NEW.json
 """
@@ -14,17 +14,17 @@ import numpy as np
 
 from weave_sim.placement import contiguous
 
-from .routing import bench_routing
+from .routing import result_routing
 
 
-def counts_for(result: dict, seed: int, zipf_s: float) -> dict:
+def counts_for(result: dict, cfg: dict) -> dict:
     """Counts of one benchmark result: pairs per (source rank, expert) and, since this kernel dispatches one
     row per (token, expert) pair, dispatch rows per (source, destination) counted in pairs."""
     world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
     owner = contiguous(experts, world).owner
     pairs = np.zeros((world, experts), dtype=np.int64)
     for rank in range(world):
-        ids, _ = bench_routing(n, experts, top_k, seed=seed, rank=rank, zipf_s=zipf_s)
+        ids, _ = result_routing(cfg, result, rank)
         pairs[rank] = np.bincount(ids.ravel(), minlength=experts)
     rows = np.stack([np.bincount(owner, weights=pairs[s], minlength=world) for s in range(world)]).astype(np.int64)
     return {"source_expert_pairs": pairs.tolist(), "dispatch_rows": rows.tolist(),
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     data = json.load(open(args.src))
     cfg = data.get("config", {})
     for r in data["results"]:
-        r["counts"] = counts_for(r, int(cfg.get("seed", 0)), float(cfg.get("zipf", 1.0)))
+        r["counts"] = counts_for(r, cfg)
     with open(args.dst, "w") as f:
         json.dump(data, f, indent=1)
     return 0

@@ -36,18 +36,18 @@ from weave_sim.profile import load_profile, profile_from_dict
 from weave_sim.validate import kernel_options, profile_for_result
 from weave_sim.workload import workload_from_counts
 
-from .routing import bench_routing
+from .routing import result_routing
 
 POLICIES = ("kernel:static:20", "kernel:weave")
 
 
-def distinct_dispatch_rows(result: dict, seed: int, zipf_s: float) -> np.ndarray:
+def distinct_dispatch_rows(result: dict, cfg: dict) -> np.ndarray:
     """[G_src, G_dst]: tokens of src with at least one of their top-k experts on dst (the benchmark's routing)."""
     world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
     owner = contiguous(experts, world).owner
     rows = np.zeros((world, world), dtype=np.int64)
     for rank in range(world):
-        ids, _ = bench_routing(n, experts, top_k, seed=seed, rank=rank, zipf_s=zipf_s)
+        ids, _ = result_routing(cfg, result, rank)
         needs = np.zeros((n, world), dtype=bool)
         needs[np.repeat(np.arange(n), top_k), owner[ids.ravel()]] = True
         rows[rank] = needs.sum(axis=0)
@@ -86,7 +86,7 @@ def parse_variant(text: str) -> tuple[str, float]:
     raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S' or 'energy:S' with S > 0 (e.g. gemm:1.2)")
 
 
-def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str = "dedup") -> dict:
+def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
     kind, speedup = parse_variant(variant)
     profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
     c = result["counts"]
@@ -97,7 +97,7 @@ def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str 
     as_built = workload_from_counts(pairs, c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
     opts = kernel_options(result)
     if kind == "dedup":
-        changed = workload_from_counts(pairs, distinct_dispatch_rows(result, seed, zipf_s), model, placement,
+        changed = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
                                        c["tokens_per_gpu"])
         changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
     elif kind == "gemm":
@@ -114,7 +114,7 @@ def whatif_result(result: dict, profile, seed: int, zipf_s: float, variant: str 
     bound = result.get("lower_bound_ms")
     if bound is None:
         h200 = load_profile("h200")
-        w = workload_from_counts(pairs, distinct_dispatch_rows(result, seed, zipf_s), model, placement,
+        w = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
                                  c["tokens_per_gpu"])
         bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
     out["bound_ms"] = float(bound)
@@ -132,7 +132,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     data = json.loads(args.bench.read_text())
     cfg = data.get("config", {})
-    seed, zipf_s = int(cfg.get("seed", 0)), float(cfg.get("zipf", 1.0))
     keep = {int(t) for t in args.tokens.split(",") if t}
     try:
         kind, factor = parse_variant(args.variant)
@@ -145,7 +144,7 @@ def main(argv=None) -> int:
     if not picked or any("counts" not in r for r in picked):
         ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
                  f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
-    rows = [whatif_result(r, profile, seed, zipf_s, args.variant) for r in picked]
+    rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")

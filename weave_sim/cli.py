@@ -86,19 +86,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for r in rows:
         for pol, meas in r.measured_ms.items():
             pred = r.predicted_ms.get(pol)
-            table.append([r.model, r.tokens_per_gpu, pol, meas * 1e3, "-" if pred is None else pred * 1e3,
+            table.append([r.label, r.tokens_per_gpu, pol, meas * 1e3, "-" if pred is None else pred * 1e3,
                           "-" if pred is None else f"{100 * (pred - meas) / meas:+.1f}%"])
     print(format_table(["model", "tokens/GPU", "policy", "measured us", "predicted us", "error"], table,
                        f"simulator (profile {args.profile}) vs kernel measurements in {args.results}"))
     def pct(v):
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    gains = [[r.model, r.tokens_per_gpu, pct(r.regret_static), pct(r.regret_weave),
+    gains = [[r.label, r.tokens_per_gpu, pct(r.regret_static), pct(r.regret_weave),
               "-" if r.gain_predicted is None else r.gain_predicted, "-" if r.gain_measured is None else r.gain_measured]
              for r in rows]
     print(format_table(["model", "tokens/GPU", "regret: sim's static pick", "regret: kernel's c*",
                         "weave gain predicted", "measured"], gains))
-    clocks = [[r.model, r.tokens_per_gpu,
+    clocks = [[r.label, r.tokens_per_gpu,
                "-" if not r.measured_mhz else "/".join(f"{m:.0f}" if m else "?" for m in r.measured_mhz),
                "/".join(f"{min(v[g] for v in r.predicted_mhz.values()):.0f}-{max(v[g] for v in r.predicted_mhz.values()):.0f}"
                         for g in range(r.gpus))]
@@ -109,7 +109,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                    "power model's (docs/power.md)"))
     for r in rows:
         for note in r.notes:
-            print(f"note: {r.model}/{r.tokens_per_gpu}: {note}")
+            print(f"note: {r.label}/{r.tokens_per_gpu}: {note}")
     summary = summarize(rows)
     print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,

@@ -45,6 +45,12 @@ class ConfigValidation:
     measured_mhz: list | None = None  # per rank, the configuration's median SM clock (bench's gpu_state)
     notes: list = field(default_factory=list)
     traces: list = field(default_factory=list)
+    layer: int | None = None  # the MoE layer whose routing ran (benchmarks with per-layer routing)
+
+    @property
+    def label(self) -> str:
+        """The model, with the MoE layer when the benchmark's routing was per layer."""
+        return self.model + ("" if self.layer is None else f"@L{self.layer}")
 
     def errors(self) -> dict:
         return {p: (self.predicted_ms[p] - self.measured_ms[p]) / self.measured_ms[p] for p in self.predicted_ms}
@@ -85,7 +91,8 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
     profile = profile_for_result(r, profile)
     w = _layer_from_result(r)
     measured = {p: float(t) for p, t in r["latency_ms"].items() if p != "reference"}
-    out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {})
+    out = ConfigValidation(r["model"], int(r["tokens_per_gpu"]), int(r["gpus"]), measured, {},
+                           layer=None if r.get("layer") is None else int(r["layer"]))
     state = r.get("gpu_state")
     if isinstance(state, list) and all(isinstance(g, dict) for g in state):
         out.measured_mhz = [g.get("sm_mhz_median") for g in state]
@@ -102,7 +109,7 @@ def validate_result(r: dict, profile: HardwareProfile, seed: int = 0, trace_dir:
             mhz = float((profile.raw.get("power") or {}).get("clock_mhz", 1980.0))
             out.predicted_mhz[pol] = [round(float(c) * mhz, 1) for c in res.gemm_clock]
         if keep:
-            name = f"sim_{r['model']}_{r['tokens_per_gpu']}_{pol.replace(':', '-')}.json"
+            name = f"sim_{out.label.replace('@', '_')}_{r['tokens_per_gpu']}_{pol.replace(':', '-')}.json"
             out.traces.append(str(write_chrome_trace(res, Path(trace_dir) / name)))
     statics = sorted((p for p in out.predicted_ms if p.startswith("static:")), key=lambda p: int(p.split(":")[1]))
     if statics:

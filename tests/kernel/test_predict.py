@@ -55,3 +55,25 @@ def test_geomean_and_cli_errors(capsys):
     assert "do not split" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--gemm-scale", "0"])
+
+
+def test_per_layer_routing_is_the_benchmarks(capsys, tmp_path):
+    from weave_kernel.routing import RoutingSpec, rank_routing
+
+    m = get_model("deepseek-v2-lite")
+    spec = RoutingSpec("synthetic", kind="fitted")
+    _, ids, _ = config_counts(m, 2, 64, seed=1, spec=spec, layer=5)
+    assert np.array_equal(ids, np.concatenate([rank_routing(spec, m, 2, 64, seed=1, rank=r, layer=5)[0]
+                                               for r in range(2)]))
+    out = tmp_path / "p.json"
+    assert main(["--gpus", "2", "--models", m.name, "--tokens", "128", "--synthetic", "fitted", "--layers", "0,25",
+                 "--jobs", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "deepseek-v2-lite@L0" in text and "deepseek-v2-lite@L25" in text and "synthetic fitted" in text
+    import json
+
+    doc = json.loads(out.read_text())
+    assert [r["layer"] for r in doc["rows"]] == [0, 25] and doc["routing"]["kind"] == "fitted"
+    with pytest.raises(SystemExit):
+        main(["--models", m.name, "--layers", "26", "--synthetic", "fitted"])
+    assert "MoE layers lie in" in capsys.readouterr().err

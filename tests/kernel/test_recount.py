@@ -6,7 +6,7 @@ from weave_kernel.routing import skewed_routing
 
 def test_counts_match_the_benchmark_routing():
     r = {"gpus": 2, "tokens_per_gpu": 96, "experts": 8, "top_k": 2}
-    c = counts_for(r, seed=0, zipf_s=1.0)
+    c = counts_for(r, {"seed": 0, "zipf": 1.0})
     pairs = np.array(c["source_expert_pairs"])
     assert pairs.shape == (2, 8) and (pairs.sum(axis=1) == 96 * 2).all()
     ids1, _ = skewed_routing(96, 8, 2, seed=1 * 7 + 96, zipf_s=1.0)  # rank 1's seed in the benchmark

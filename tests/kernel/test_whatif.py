@@ -9,18 +9,20 @@ from weave_kernel.whatif import distinct_dispatch_rows, whatif_result
 from weave_sim.placement import contiguous
 from weave_sim.profile import load_profile
 
+CFG = {"seed": 3, "zipf": 1.0}  # the config of a results file: the seed and routing its results ran
+
 
 def _result(top_k, tokens=256, experts=8, gpus=2):
     r = {"model": "tiny", "hidden": 256, "inter": 128, "experts": experts, "top_k": top_k, "gpus": gpus,
          "tokens_per_gpu": tokens, "kernel_layout": "expert-packed",
          "latency_ms": {"static:20": 0.1, "weave": 0.09}}
-    r["counts"] = counts_for(r, seed=3, zipf_s=1.0)
+    r["counts"] = counts_for(r, CFG)
     return r
 
 
 def test_distinct_rows_count_tokens_not_pairs():
     r = _result(top_k=4)
-    rows = distinct_dispatch_rows(r, seed=3, zipf_s=1.0)
+    rows = distinct_dispatch_rows(r, CFG)
     pairs = np.asarray(r["counts"]["dispatch_rows"])
     owner = contiguous(8, 2).owner
     for rank in range(2):  # brute force from the same routing
@@ -30,11 +32,11 @@ def test_distinct_rows_count_tokens_not_pairs():
     assert np.all(rows <= pairs) and np.all(rows <= 256) and rows.sum() < pairs.sum()
     # top-1: a token goes to one expert, so distinct rows are the pairs
     r1 = _result(top_k=1)
-    assert np.array_equal(distinct_dispatch_rows(r1, seed=3, zipf_s=1.0), np.asarray(r1["counts"]["dispatch_rows"]))
+    assert np.array_equal(distinct_dispatch_rows(r1, CFG), np.asarray(r1["counts"]["dispatch_rows"]))
 
 
 def test_whatif_simulates_both_variants():
-    out = whatif_result(_result(top_k=4), load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
+    out = whatif_result(_result(top_k=4), load_profile("h200-megakernel"), CFG)
     sent = out["dispatch_rows_sent"]
     assert sent["distinct"] < sent["pairs"]
     for side in ("as_built", "changed"):
@@ -49,7 +51,7 @@ def test_whatif_faster_gemm_is_never_slower_and_bad_variant_is_named():
     from weave_kernel.whatif import parse_variant
 
     r = _result(top_k=4, tokens=1024)
-    out = whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0, variant="gemm:1.5")
+    out = whatif_result(r, load_profile("h200-megakernel"), CFG, variant="gemm:1.5")
     for p in out["as_built"]:
         assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
     assert out["dispatch_rows_sent"]["distinct"] == out["dispatch_rows_sent"]["pairs"]  # dispatch unchanged
@@ -63,8 +65,8 @@ def test_whatif_energy_needs_a_power_profile_and_never_slows():
 
     r = _result(top_k=4, tokens=1024)
     with pytest.raises(ValueError, match="power model"):
-        whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0, variant="energy:0.9")
-    out = whatif_result(r, load_profile("h200-megakernel-power"), seed=3, zipf_s=1.0, variant="energy:0.5")
+        whatif_result(r, load_profile("h200-megakernel"), CFG, variant="energy:0.9")
+    out = whatif_result(r, load_profile("h200-megakernel-power"), CFG, variant="energy:0.5")
     for p in out["as_built"]:
         assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
     # a cap this small layer does reach (130 W): half the energy per FLOP buys clock, so time
@@ -72,7 +74,7 @@ def test_whatif_energy_needs_a_power_profile_and_never_slows():
 
     raw = load_profile("h200-megakernel-power").to_dict()
     low = profile_from_dict({**raw, "power": {**raw["power"], "cap_w": 130.0}})
-    out = whatif_result(r, low, seed=3, zipf_s=1.0, variant="energy:0.5")
+    out = whatif_result(r, low, CFG, variant="energy:0.5")
     for p in out["as_built"]:
         assert out["changed"][p] < out["as_built"][p] * 0.99, p
 
@@ -99,6 +101,6 @@ def test_whatif_cli_names_missing_counts(tmp_path, capsys):
 def test_whatif_simulates_the_grid_the_benchmark_ran_on():
     """A bench --num-ctas result is simulated on that many SMs, as weave-sim validate does."""
     r = {**_result(top_k=4, tokens=2048), "hidden": 2048, "inter": 1024}  # enough tiles for the grid to matter
-    full = whatif_result(r, load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
-    small = whatif_result({**r, "num_ctas": 32}, load_profile("h200-megakernel"), seed=3, zipf_s=1.0)
+    full = whatif_result(r, load_profile("h200-megakernel"), CFG)
+    small = whatif_result({**r, "num_ctas": 32}, load_profile("h200-megakernel"), CFG)
     assert all(small["as_built"][p] > full["as_built"][p] for p in full["as_built"])

@@ -224,3 +224,19 @@ def test_shipped_ep1_refits_keep_their_bases_links():
         bench = json.loads((root / cal["fitted_to"]).read_text())
         assert cal["fitted_to"].startswith("docs/results/ep1/") and {r["gpus"] for r in bench["results"]} == {1}
         assert cal["kernel_sources"] == bench["kernel_sources"]["main"]
+
+
+def test_per_layer_results_are_labelled_by_their_layer(tmp_path, capsys):
+    """Results of bench --synthetic / --routing-trace name their MoE layer; validation keeps it apart (label,
+    trace file names), so two layers of one model and size are two configurations, not one overwritten."""
+    path = bench_file(tmp_path, {"static:16": 1.0, "weave": 1.0})
+    doc = json.loads(path.read_text())
+    doc["results"] = [{**doc["results"][0], "layer": 3}, {**doc["results"][0], "layer": 11}]
+    path.write_text(json.dumps(doc))
+    rows = validate_file(path, PROFILE, trace_dir=tmp_path / "traces")
+    assert [(r.layer, r.label) for r in rows] == [(3, "m@L3"), (11, "m@L11")]
+    assert len({t for r in rows for t in r.traces}) == 2 and all("_L3_" in t or "_L11_" in t for r in rows for t in r.traces)
+    assert main(["validate", str(path), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "m@L3" in out and "m@L11" in out
+    assert [c["layer"] for c in json.loads((tmp_path / "validate.json").read_text())["configs"]] == [3, 11]
