@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-csrc", default="",
                     help="also build the kernel sources in this folder and time them against the package's, "
                          "alternating calls in this process (A/B without drift between processes)")
+    ap.add_argument("--ab-cost-profile", default="",
+                    help="A/B of the in-kernel choice: B = the same kernel reading this cost profile (name or path), "
+                         "timed against --cost-profile's as --ab-csrc does; static policies are the A-vs-A control")
     ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
                     help="interleave the policies' repetitions (default) or time one policy after the other")
     ap.add_argument("--sustained", type=float, default=0.0,
@@ -169,6 +172,8 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
         from .build import load_extension
 
         layer.ab_other = MoEMegakernel(**kw, ext=load_extension(csrc=args.ab_csrc))
+    elif args.ab_cost_profile:  # the same kernel choosing its split from another cost table
+        layer.ab_other = MoEMegakernel(**{**kw, "cost_profile": args.ab_cost_profile})
     return layer, w13, w2
 
 
@@ -309,6 +314,10 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
     medians over args.repeats, slowest rank."""
     y = other(*inputs, policy=pol)  # checked call
     err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
+    b_choice = None
+    if pol == "weave":  # B's own (c*, K*) per rank (another cost table may choose another split)
+        b_choice = [None] * dist.get_world_size()
+        dist.all_gather_object(b_choice, other.last_choice())
     fa = lambda: layer(*inputs, policy=pol, check=False)  # noqa: E731
     fb = lambda: other(*inputs, policy=pol, check=False)  # noqa: E731
     ta, tb = [], []
@@ -318,13 +327,17 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
     layer.raise_if_error()
     other.raise_if_error()
     a, b = max_over_ranks(float(np.median(ta))), max_over_ranks(float(np.median(tb)))
-    return {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
+    out = {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
+    if b_choice is not None:
+        out["b_choice"] = b_choice
+    return out
 
 
 def ab_summary(rows: list[dict]) -> str:
     """Geomean of t(A) / t(B) per policy over the configurations (above 1: B faster)."""
     pols = sorted({p for r in rows for p in r.get("ab", {})})
-    lines = [f"interleaved A/B (A = this package's kernel, B = --ab-csrc): geomean t(A) / t(B), above 1 = B faster"]
+    lines = ["interleaved A/B (A = this package's kernel, B = --ab-csrc's, or the same kernel with --ab-cost-profile): "
+             "geomean t(A) / t(B), above 1 = B faster"]
     for p in pols:
         v = [r["ab"][p]["a_over_b"] for r in rows if p in r.get("ab", {})]
         worst = max(r["ab"][p]["b_rel_err_vs_reference"] for r in rows if p in r.get("ab", {}))
@@ -408,6 +421,15 @@ def run_header(args, world: int, gpu: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.ab_csrc and args.ab_cost_profile:
+        raise SystemExit("weave_kernel.bench: --ab-csrc and --ab-cost-profile are two different A/Bs; give one")
+    if args.ab_cost_profile:
+        from weave_sim.profile import ProfileError, load_profile
+
+        try:
+            load_profile(args.ab_cost_profile)
+        except ProfileError as exc:
+            raise SystemExit(f"weave_kernel.bench: --ab-cost-profile: {exc}")
     if args.repeats < 1 or args.calls_per_rep < 1 or args.warmup < 0:
         raise SystemExit("--repeats and --calls-per-rep must be >= 1, --warmup >= 0")
     args.comm = [int(c) for c in args.comm.split(",") if c]
@@ -473,7 +495,7 @@ def main(argv=None) -> int:
         geo_prefill = geomean([r["speedup_best_static"] for r in rows if r["tokens_per_gpu"] >= 2048])
         lb4096 = [r["fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096]
         print(format_table(rows, header))
-        if args.ab_csrc:
+        if args.ab_csrc or args.ab_cost_profile:
             print(ab_summary(rows))
         print(f"geomean speedup of best static:C over the reference: {geo:.2f}x (all), {geo_prefill:.2f}x "
               f"(>= 2048 tokens per GPU); fraction of the lower bound at 4096: "

@@ -28,3 +28,14 @@ def test_ab_summary_geomean_and_worst_error():
     assert "1.049x over 2 configs" in weave  # sqrt(1.21 / 1.1)
     assert "0.909-1.210" in weave and "6.0e-03" in weave
     assert "1.000x over 1 configs" in next(line for line in text.splitlines() if "static:20" in line)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--ab-csrc", "x", "--ab-cost-profile", "h200"], "give one"),
+    (["--ab-cost-profile", "no-such-profile"], "no hardware profile"),
+])
+def test_ab_cost_profile_options_fail_before_touching_a_gpu(argv, match):
+    from weave_kernel.bench import main
+
+    with pytest.raises(SystemExit, match=match):
+        main(argv)
