@@ -154,9 +154,13 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
 
 
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
-                   power_path: Path | None = None) -> dict:
+                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
     """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
-    (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push)."""
+    (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
+    the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
+    differs from board to board (docs/power.md)."""
+    if not power and power_path is not None:
+        raise CalibrationError("a power file and no power model contradict each other")
     def read(path):
         try:
             return json.loads(Path(path).read_text())
@@ -170,7 +174,13 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
             raise CalibrationError(f"{power_path} has no power block")
         m = {**m, "power": {**pm["power"], "from": f"{power_path} ({pm.get('gpu_name', '?')}, {pm.get('date', '?')}, "
                                                   f"commit {str(pm.get('commit', '?'))[:12]})"}}
+    if not power:
+        m = {k: v for k, v in m.items() if k != "power"}
     prof = build_profile(m, base=base, name=name)
+    if not power:
+        prof.pop("power", None)  # nor the base's
+    elif not hbm_power and "power" in prof:
+        prof["power"].pop("w_per_tbs", None)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof
@@ -233,14 +243,18 @@ def bench_kernel_sources(bench: dict) -> str | None:
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
-                power_path: Path | None = None) -> dict:
+                power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
     for benchmarks that cannot constrain the rest, e.g. one GPU (no NVLink traffic: keep push_scale, refit the GEMM
     rate and the fixed costs on a profile whose push curve was fitted on two). power_path: a measurements file
     whose "power" block (power_model) is added to the base before fitting, so that the fit sees the clock the
-    power cap leaves each layer."""
+    power cap leaves each layer. power=False: drop the base's power model and fit at a fixed clock (the cost
+    table the kernel evaluates has no power term, so its profile's GEMM rate should absorb the average clock);
+    hbm_power=False: drop the power model's HBM term (w_per_tbs; board-dependent, docs/power.md)."""
+    if not power and power_path is not None:
+        raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
     if unknown or not params:
         raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
@@ -251,6 +265,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
     bench = {**bench, "results": [r for r in bench.get("results", []) if r["tokens_per_gpu"] >= min_tokens]}
     base_raw = json.loads(json.dumps(load_profile(base).raw))
+    if not power:
+        base_raw.pop("power", None)
     if power_path is not None:
         try:
             pm = json.loads(Path(power_path).read_text())
@@ -259,6 +275,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         if "power" not in pm:
             raise CalibrationError(f"{power_path} has no power block")
         base_raw["power"] = {**power_model(pm["power"]), "from": str(power_path)}
+    if not hbm_power and "power" in base_raw:
+        base_raw["power"].pop("w_per_tbs", None)
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
@@ -289,6 +307,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
+                           "power_model": "power" in base_raw,
+                           "hbm_power": "w_per_tbs" in (base_raw.get("power") or {}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

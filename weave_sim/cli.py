@@ -146,11 +146,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
-                           power_path=args.power, **kw)
+                           power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
-        prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power)
+        prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
+                              power=not args.no_power, hbm_power=not args.no_hbm_power)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -181,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", type=Path, default=None,
                    help="take the power block (sustained GEMM, clock, board power) from this measurements file "
                         "(with --fit: add it to the base profile before fitting)")
+    p.add_argument("--no-power", action="store_true",
+                   help="a fixed-clock profile: leave out the measured power block (and the base's; with --fit: fit "
+                        "without the power model, as the kernel's cost table assumes)")
+    p.add_argument("--no-hbm-power", action="store_true",
+                   help="keep the power model but leave out its HBM term (W per TB/s; differs between boards, "
+                        "docs/power.md)")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "

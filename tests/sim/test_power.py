@@ -169,3 +169,35 @@ def test_shipped_power_profile_matches_its_measurements():
                                     w_per_tflops=expect["w_per_tflops"], exponent=expect["exponent"])
     assert raw["calibration"]["base"] == "h200-calibrated"
     assert set(raw["calibration"]["params"]) == {"gemm_scale", "push_scale", "fixed_us", "barrier_us"}
+
+
+def test_power_can_be_left_out_whole_or_its_hbm_term(tmp_path):
+    """calibrate --no-power makes a fixed-clock profile (the kernel's cost table has no power term), --no-hbm-power
+    keeps the model without its board-dependent W per TB/s; both for measurements and for fits."""
+    from weave_sim.engine.testing import simulated_bench_file
+
+    meas = {"gpu_name": "NVIDIA H200", "date": "2026-12-01", "num_sms": 132,
+            "nvlink_push": [{"ctas": 1, "peers": 1, "gbs": 20.0}, {"ctas": 16, "peers": 1, "gbs": 300.0}],
+            "gemm": [{"ctas": 132, "rows_per_expert": 128, "tflops": 400.0},
+                     {"ctas": 132, "rows_per_expert": 2048, "tflops": 700.0}],
+            "power": {"limit_w": 700.0, "points": synthetic_points(PowerModel(**TRUE)),
+                      "hbm": {"tbs": 4.0, "power_w": TRUE["base_w"] + 4.0 * 80.0, "sm_mhz": 1980.0}}}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(meas))
+    full = calibrate_file(path, tmp_path / "a.json")
+    assert full["power"]["w_per_tbs"] == pytest.approx(80.0, rel=2e-3)
+    no_hbm = calibrate_file(path, tmp_path / "b.json", hbm_power=False)
+    assert "w_per_tbs" not in no_hbm["power"] and no_hbm["power"]["cap_w"] == 700.0
+    fixed = calibrate_file(path, tmp_path / "c.json", power=False)
+    assert "power" not in fixed and profile_from_dict(fixed).power is None
+    with pytest.raises(CalibrationError, match="contradict"):
+        calibrate_file(path, tmp_path / "d.json", power=False, power_path=path)
+    base = tmp_path / "a.json"
+    bench = simulated_bench_file(tmp_path / "bench.json", profile_from_dict(_raw_with_power(None, num_sms=132)),
+                                 1024, 512)
+    fit = fit_profile(bench, base=str(base), rounds=1, iters=2, log=lambda m: None, power=False)
+    assert "power" not in fit and fit["calibration"]["power_model"] is False
+    assert "power model" not in fit["source"]
+    fit = fit_profile(bench, base=str(base), rounds=1, iters=2, log=lambda m: None, hbm_power=False)
+    assert "w_per_tbs" not in fit["power"] and fit["calibration"]["hbm_power"] is False
+    assert fit["calibration"]["power_model"] is True
