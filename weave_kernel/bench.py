@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from weave_sim.placement import contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
-from weave_sim.validate import KERNEL_LAYOUT  # the layout this kernel computes with (engine options)
+from weave_sim.validate import KERNEL_LAYOUT, config_label  # KERNEL_LAYOUT: the layout this kernel computes with
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
@@ -346,18 +346,13 @@ def ab_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def config_label(r: dict) -> str:
-    """A result's model, with its MoE layer when the routing was per layer."""
-    return r["model"] + (f"@L{r['layer']}" if r.get("layer") is not None else "")
-
-
 def format_table(rows: list[dict], header: str) -> str:
     lines = [header, f"{'model':<20}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
              f"{'x ref':>7}{'x seq':>7}{'LB ms':>8}{'%LB':>6}{'GB/s':>7}{'TF/s':>7}{'err':>9}"]
     for r in rows:
         lat = r["latency_ms"]
         b = r["best_static"]
-        lines.append(f"{config_label(r):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
+        lines.append(f"{config_label(r['model'], r.get('layer')):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
                      f"{lat.get('sequential', float('nan')):>9.3f}"
                      f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential'] or float('nan'):>7.2f}"
                      f"{r['lower_bound_ms']:>8.3f}{100 * r['fraction_of_lower_bound']:>6.1f}"
@@ -377,7 +372,7 @@ def format_weave_table(rows: list[dict]) -> str:
         cks = " ".join(f"{k['c_star']},{k['k_star']}" if k else "?" for k in ch.get("kernel", []))
         s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
         w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
-        lines.append(f"{config_label(r):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
+        lines.append(f"{config_label(r['model'], r.get('layer')):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
                      f"{lat['weave']:>8.3f}{(bw or '-'):>14}{(lat[bw] if bw else float('nan')):>8.3f}"
                      f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
                      f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")

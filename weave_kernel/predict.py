@@ -31,7 +31,7 @@ from weave_sim.engine import simulate_layer
 from weave_sim.placement import contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.profile import load_profile
-from weave_sim.validate import KERNEL_LAYOUT, KERNEL_LAYOUTS
+from weave_sim.validate import KERNEL_LAYOUT, KERNEL_LAYOUTS, config_label
 from weave_sim.workload import layer_workload, workload_from_counts
 
 from .choice import counts_from_routing
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
     for r in rows:
         ms = r["predicted_ms"]
-        label = r["model"] + (f"@L{r['layer']}" if r["layer"] is not None else "")
+        label = config_label(r["model"], r["layer"])
         print(f"{r['gpus']:>3} {label:>20} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
               f"{ms[r['best_static']]:>8.3f} ({r['best_static']:>9}) {ms['weave']:>8.3f} "
               f"{r['weave_vs_static20']:>7.3f}x {r['weave_vs_best_static']:>7.3f}x {r['weave_fraction_of_bound']:>8.1%} "

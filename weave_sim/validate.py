@@ -30,6 +30,11 @@ def sim_policy(kernel_policy: str, result: dict | None = None) -> str:
     return f"kernel:{kernel_policy}"
 
 
+def config_label(model: str, layer: int | None) -> str:
+    """A configuration's name in tables: the model, with "@L<layer>" when the benchmark's routing was per layer."""
+    return model + ("" if layer is None else f"@L{layer}")
+
+
 @dataclass
 class ConfigValidation:
     model: str
@@ -50,7 +55,7 @@ class ConfigValidation:
     @property
     def label(self) -> str:
         """The model, with the MoE layer when the benchmark's routing was per layer."""
-        return self.model + ("" if self.layer is None else f"@L{self.layer}")
+        return config_label(self.model, self.layer)
 
     def errors(self) -> dict:
         return {p: (self.predicted_ms[p] - self.measured_ms[p]) / self.measured_ms[p] for p in self.predicted_ms}
