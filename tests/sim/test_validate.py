@@ -240,3 +240,26 @@ def test_per_layer_results_are_labelled_by_their_layer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "m@L3" in out and "m@L11" in out
     assert [c["layer"] for c in json.loads((tmp_path / "validate.json").read_text())["configs"]] == [3, 11]
+
+
+def test_shipped_ep2_refits_of_the_current_kernel():
+    """h200-calibrated-ep2 is what weave-sim calibrate makes of the committed 2x H200 measurements, and the two
+    fits on it (fixed clock; power model without its HBM term) name run A of the same kernel and EP=2."""
+    from pathlib import Path
+
+    from weave_sim.calibrate import build_profile
+
+    root = Path(__file__).resolve().parents[2]
+    meas = json.loads((root / "docs/results/ep2/calib_2xh200_ep2.json").read_text())
+    calibrated = load_profile("h200-calibrated-ep2").raw
+    assert build_profile(meas, base="h200", name="h200-calibrated-ep2") == calibrated
+    for name, power in (("h200-megakernel-ep2", False), ("h200-megakernel-power-ep2", True)):
+        prof = load_profile(name).raw
+        cal = prof["calibration"]
+        assert cal["base"] == "h200-calibrated-ep2" and cal["fitted_to"] == "docs/results/ep2/kernel_bench_A_ep2.json"
+        bench = json.loads((root / cal["fitted_to"]).read_text())
+        assert {r["gpus"] for r in bench["results"]} == {2}
+        assert cal["kernel_sources"] == bench["kernel_sources"]["main"]
+        assert ("power" in prof) == power and prof["nvlink"]["push_gbs_by_ctas"] != calibrated["nvlink"]["push_gbs_by_ctas"]
+        if power:
+            assert "w_per_tbs" not in prof["power"] and "w_per_tbs" in calibrated["power"]
