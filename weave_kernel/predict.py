@@ -2,8 +2,9 @@
 
 For each model x tokens per GPU x world size (x MoE layer, with per-layer routing) it rebuilds the routing the
 benchmark would use on every rank (`weave_kernel.routing.rank_routing`: the bench's seed and routing options,
-Zipf-skewed per rank by default, or `--synthetic KIND` / `--routing-trace FILE` with `--layers`), and simulates the kernel's scheduling
-(`kernel:P` engine policies with the expert-packed receive layout, as `weave-sim validate` does) under
+Zipf-skewed per rank by default, or `--synthetic KIND` / `--routing-trace FILE` with `--layers`), and simulates
+the kernel's scheduling (`kernel:P` engine policies with the expert-packed receive layout, as `weave-sim validate`
+does) under
 `sequential`, `static:C` for the bench's grid of C, and `weave` ((c*, K*) per GPU from the profile's cost table,
 comm CTAs stealing tiles). It prints per configuration the predicted latencies, weave over static:20 and over
 the best static:C, and the fraction of the lower bound (weave_sim's `lower_bound_ns` with the seed `h200`
