@@ -307,8 +307,6 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
-                           "power_model": "power" in base_raw,
-                           "hbm_power": "w_per_tbs" in (base_raw.get("power") or {}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,
