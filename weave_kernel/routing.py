@@ -130,20 +130,6 @@ class RoutingSpec:
         return f"trace {self.path} ({self.mode} batch), per layer"
 
 
-def routing_spec(*, zipf_s: float = 1.0, synthetic: str | None = None, params: dict | None = None,
-                 trace: str | None = None, mode: str = "prefill") -> RoutingSpec:
-    """The spec of the bench's routing options (--zipf, --synthetic / -p, --routing-trace, --mode)."""
-    if synthetic and trace:
-        raise ValueError("give --synthetic or --routing-trace, not both")
-    if synthetic:
-        return RoutingSpec("synthetic", kind=synthetic, params=dict(params or {}), mode=mode)
-    if params:
-        raise ValueError("generator parameters (-p) go with --synthetic only")
-    if trace:
-        return RoutingSpec("trace", path=trace, mode=mode)
-    return RoutingSpec("zipf", zipf_s=zipf_s)
-
-
 def spec_of_config(cfg: dict) -> RoutingSpec:
     """The routing of a results file from its config ("routing"; files before it: Zipf with their "zipf")."""
     d = cfg.get("routing")
@@ -264,8 +250,17 @@ def spec_from_args(args) -> RoutingSpec:
 
     if (args.synthetic or args.routing_trace) and args.zipf != 1.0:
         raise ValueError("--zipf sets the default per-rank draw; it does not combine with --synthetic / --routing-trace")
-    spec = routing_spec(zipf_s=args.zipf, synthetic=args.synthetic, params=parse_params(args.param),
-                        trace=args.routing_trace, mode=args.mode)
+    if args.synthetic and args.routing_trace:
+        raise ValueError("give --synthetic or --routing-trace, not both")
+    params = parse_params(args.param)
+    if params and not args.synthetic:
+        raise ValueError("generator parameters (-p) go with --synthetic only")
+    if args.synthetic:
+        spec = RoutingSpec("synthetic", kind=args.synthetic, params=params, mode=args.mode)
+    elif args.routing_trace:
+        spec = RoutingSpec("trace", path=args.routing_trace, mode=args.mode)
+    else:
+        spec = RoutingSpec("zipf", zipf_s=args.zipf)
     if spec.source == "trace" and not spec.trace_file().exists():
         raise ValueError(f"routing trace {spec.trace_file()} not found")
     return spec
