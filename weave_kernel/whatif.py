@@ -11,6 +11,11 @@ Variants (--variant):
             With a power model in the profile the faster tile also draws more power (same energy per FLOP).
   energy:S  the tile's energy per FLOP x S (the power model's w_per_tflops; needs a profile with one, e.g.
             h200-megakernel-power): what a more frugal tile is worth where the board's power cap holds the clock.
+  pad:R     a row block's MMAs cost its rows rounded up to R (a divisor of 128) instead of the whole 128-row block:
+            what tiles that skip the MMAs of their padding rows would be worth (e.g. pad:64, a partial block of
+            <= 64 rows at half a tile). An upper bound: the engine charges a tile max(MMA time, its share of
+            HBM time), not the L2 bytes of its weight stages. Measured (docs/kernel.md, "Half tiles"): pad:64
+            predicted 1.05x, the kernel built that way gained at most 1%.
 Both sides are simulated under the engine's model of the kernel with the same profile, so the ratio is what the
 simulator expects the change to gain (its held-out error on the kernel as built is in docs/results.md).
 
@@ -75,6 +80,11 @@ def energy_scaled(profile, factor: float):
 def parse_variant(text: str) -> tuple[str, float]:
     if text == "dedup":
         return "dedup", 1.0
+    if text.startswith("pad:"):
+        r = text.split(":", 1)[1]
+        if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
+            return "pad", float(r)
+        raise ValueError(f"variant {text!r}: pad:R needs R dividing 128 (e.g. pad:64)")
     for kind in ("gemm", "energy"):
         if text.startswith(kind + ":"):
             try:
@@ -83,7 +93,7 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = 0.0
             if s > 0:
                 return kind, s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S' or 'energy:S' with S > 0 (e.g. gemm:1.2)")
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S' or 'energy:S' with S > 0 (e.g. gemm:1.2), or 'pad:R'")
 
 
 def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
@@ -100,6 +110,10 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         changed = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
                                        c["tokens_per_gpu"])
         changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
+    elif kind == "pad":
+        if "expert_pad_rows" not in opts:
+            raise ValueError(f"pad:R models the expert-packed kernel layout; this result ran {opts}")
+        changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
     else:
@@ -126,7 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
-                    help="dedup, gemm:S (tiles S times faster) or energy:S (energy per FLOP x S; power profiles)")
+                    help="dedup, gemm:S (tiles S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R "
+                         "(a block's MMAs cost its rows rounded up to R)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
@@ -146,7 +161,7 @@ def main(argv=None) -> int:
                  f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
-            "energy": f"GEMM energy per FLOP x{factor}"}[kind]
+            "energy": f"GEMM energy per FLOP x{factor}", "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")

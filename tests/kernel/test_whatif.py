@@ -104,3 +104,23 @@ def test_whatif_simulates_the_grid_the_benchmark_ran_on():
     full = whatif_result(r, load_profile("h200-megakernel"), CFG)
     small = whatif_result({**r, "num_ctas": 32}, load_profile("h200-megakernel"), CFG)
     assert all(small["as_built"][p] > full["as_built"][p] for p in full["as_built"])
+
+
+def test_whatif_pad_charges_fewer_mma_rows_and_checks_r():
+    import pytest
+
+    from weave_kernel.whatif import parse_variant
+
+    assert parse_variant("pad:64") == ("pad", 64.0)
+    for bad in ("pad:0", "pad:48", "pad:256", "pad:x"):
+        with pytest.raises(ValueError, match="pad:R needs R dividing 128"):
+            parse_variant(bad)
+    # 128 tokens x top-2 over 8 experts: 16 rows per expert on average, every block partial
+    r = _result(top_k=2, tokens=128)
+    out = whatif_result(r, load_profile("h200-megakernel"), CFG, variant="pad:16")
+    for p in out["as_built"]:
+        assert out["changed"][p] < out["as_built"][p], p
+    same = whatif_result(r, load_profile("h200-megakernel"), CFG, variant="pad:128")
+    assert same["changed"] == same["as_built"]
+    with pytest.raises(ValueError, match="expert-packed"):
+        whatif_result({**r, "kernel_layout": "segment-padded"}, load_profile("h200-megakernel"), CFG, variant="pad:64")
