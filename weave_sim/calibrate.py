@@ -18,6 +18,7 @@ not measured and records where every number came from.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +155,7 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
 
 
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
-                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
+                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1) -> dict:
     """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
@@ -218,18 +219,71 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
     return prof
 
 
-def fit_error(bench: dict, profile_dict: dict, policies=None) -> tuple[float, int]:
-    """Mean |log(predicted / measured)| over the benchmark's (config, policy) points, and their number."""
+def _result_logs(result: dict, prof, policies) -> list[float]:
+    """|log(predicted / measured)| of one benchmark result's kernel policies (those in `policies`, or all)."""
     from .validate import validate_result
 
+    keep = dict(result)
+    keep["latency_ms"] = {p: t for p, t in result["latency_ms"].items()
+                          if p != "reference" and (policies is None or p in policies)}
+    v = validate_result(keep, prof)
+    return [abs(np.log(v.predicted_ms[p] / v.measured_ms[p])) for p in v.predicted_ms]
+
+
+_WORKER_STATE: tuple = ()  # (results, policies) of the fit a worker process serves (fit_pool's initializer)
+
+
+def _worker_init(results: list, policies) -> None:
+    global _WORKER_STATE
+    _WORKER_STATE = (results, policies)
+
+
+def _worker_logs(job: tuple) -> list[tuple[int, list[float]]]:
+    profile_dict, indices = job
+    results, policies = _WORKER_STATE
     prof = profile_from_dict(profile_dict, origin="fit candidate")
-    logs = []
-    for r in bench["results"]:
-        keep = dict(r)
-        keep["latency_ms"] = {p: t for p, t in r["latency_ms"].items()
-                              if p != "reference" and (policies is None or p in policies)}
-        v = validate_result(keep, prof)
-        logs += [abs(np.log(v.predicted_ms[p] / v.measured_ms[p])) for p in v.predicted_ms]
+    return [(i, _result_logs(results[i], prof, policies)) for i in indices]
+
+
+class FitPool:
+    """Worker processes that evaluate fit_error's simulations in parallel (one benchmark, many candidate
+    profiles): the results are sent once, each call sends only the candidate. `with FitPool(bench, workers):`."""
+
+    def __init__(self, bench: dict, workers: int, policies=None):
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.results, self.workers = bench["results"], int(workers)
+        if self.workers < 2:
+            raise ValueError("a FitPool needs at least 2 workers")
+        self.executor = ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_init,
+                                            initargs=(self.results, policies))
+
+    def logs(self, profile_dict: dict) -> list[float]:
+        """_result_logs of every result, in the results' order (so the mean is the serial one, bit for bit)."""
+        # interleaved shares: results come grouped by model and size, and their simulation costs differ
+        shares = [list(range(w, len(self.results), 2 * self.workers)) for w in range(2 * self.workers)]
+        by_index = dict(pair for part in self.executor.map(_worker_logs, [(profile_dict, s) for s in shares if s])
+                        for pair in part)
+        return [x for i in range(len(self.results)) for x in by_index[i]]
+
+    def close(self) -> None:
+        self.executor.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> "FitPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fit_error(bench: dict, profile_dict: dict, policies=None, pool: FitPool | None = None) -> tuple[float, int]:
+    """Mean |log(predicted / measured)| over the benchmark's (config, policy) points, and their number. With a
+    FitPool (built on the same benchmark and policies), its worker processes simulate the points."""
+    if pool is not None:
+        logs = pool.logs(profile_dict)
+    else:
+        prof = profile_from_dict(profile_dict, origin="fit candidate")
+        logs = [x for r in bench["results"] for x in _result_logs(r, prof, policies)]
     if not logs:
         raise CalibrationError("no measured points to fit")
     return float(np.mean(logs)), len(logs)
@@ -243,7 +297,7 @@ def bench_kernel_sources(bench: dict) -> str | None:
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
-                power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
+                power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -252,7 +306,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     whose "power" block (power_model) is added to the base before fitting, so that the fit sees the clock the
     power cap leaves each layer. power=False: drop the base's power model and fit at a fixed clock (the cost
     table the kernel evaluates has no power term, so its profile's GEMM rate should absorb the average clock);
-    hbm_power=False: drop the power model's HBM term (w_per_tbs; board-dependent, docs/power.md)."""
+    hbm_power=False: drop the power model's HBM term (w_per_tbs; board-dependent, docs/power.md). workers:
+    processes that simulate the points (FitPool; 0 = one per CPU); the fit is the same for any number."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -282,19 +337,28 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     if "tile_ns" in params:
         x["tile_ns"] = float(base_raw["fixed_ns"]["task_claim"])
 
-    def err(params: dict) -> float:
-        return fit_error(bench, scaled_profile(base_raw, **params), policies)[0]
+    if workers < 0:
+        raise CalibrationError(f"workers must be >= 0, got {workers}")
+    workers = min((os.cpu_count() or 1) if workers == 0 else workers, len(bench["results"]))
+    pool = FitPool(bench, workers, policies) if workers > 1 else None
 
-    best = err(x)
-    for _ in range(rounds):
-        for key in params:
-            lo, hi = _FIT_BOUNDS[key]
-            val, e = _golden(lambda v: err({**x, key: v}), lo, hi, iters=iters)
-            if e < best:
-                x[key], best = val, e
-            log(f"fit: {key} = {x[key]:.4g}, mean |log error| {best:.4f}")
-    prof = scaled_profile(base_raw, **x)
-    _, n = fit_error(bench, prof, policies)
+    def err(params: dict) -> float:
+        return fit_error(bench, scaled_profile(base_raw, **params), policies, pool)[0]
+
+    try:
+        best = err(x)
+        for _ in range(rounds):
+            for key in params:
+                lo, hi = _FIT_BOUNDS[key]
+                val, e = _golden(lambda v: err({**x, key: v}), lo, hi, iters=iters)
+                if e < best:
+                    x[key], best = val, e
+                log(f"fit: {key} = {x[key]:.4g}, mean |log error| {best:.4f}")
+        prof = scaled_profile(base_raw, **x)
+        _, n = fit_error(bench, prof, policies, pool)
+    finally:
+        if pool is not None:
+            pool.close()
     prof["name"] = name or f"{base}-fitted"
     prof["version"] = f"fit-{Path(bench_path).stem}"
     prof["measured_by"] = "weave-sim calibrate --fit (kernel benchmark latencies)"

@@ -146,7 +146,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
-                           power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power, **kw)
+                           power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
+                           workers=args.workers, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "push_scale on one GPU)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="with --fit: processes that simulate the points (default 0: one per CPU; the fit is the same)")
     p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
     p.add_argument("--base", default="h200", help="profile supplying what was not measured")
     p.add_argument("--name", default=None)

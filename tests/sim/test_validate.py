@@ -263,3 +263,28 @@ def test_shipped_ep2_refits_of_the_current_kernel():
         assert ("power" in prof) == power and prof["nvlink"]["push_gbs_by_ctas"] != calibrated["nvlink"]["push_gbs_by_ctas"]
         if power:
             assert "w_per_tbs" not in prof["power"] and "w_per_tbs" in calibrated["power"]
+
+
+def test_fit_in_worker_processes_is_the_serial_fit(tmp_path):
+    """fit_profile(workers=2) simulates the points in a FitPool: the same error, bit for bit, so the same profile."""
+    from weave_sim.calibrate import CalibrationError, FitPool, fit_error, fit_profile
+    from weave_sim.engine.testing import simulated_bench_file
+
+    bench = simulated_bench_file(tmp_path / "bench.json", PROFILE, 1024, 512)
+    data = json.loads(bench.read_text())
+    raw = PROFILE.raw
+    with FitPool(data, 2) as pool:
+        assert fit_error(data, raw, pool=pool) == fit_error(data, raw)
+    serial = fit_profile(bench, rounds=1, iters=1, log=lambda m: None, workers=1)
+    parallel = fit_profile(bench, rounds=1, iters=1, log=lambda m: None, workers=2)
+    assert parallel == serial
+    with pytest.raises(CalibrationError, match="workers"):
+        fit_profile(bench, rounds=1, iters=1, log=lambda m: None, workers=-1)
+
+
+def test_calibrate_fit_cli_passes_workers(tmp_path, capsys):
+    from weave_sim.engine.testing import simulated_bench_file
+
+    bench = simulated_bench_file(tmp_path / "bench.json", PROFILE, 1024, 512)
+    assert main(["calibrate", "--fit", str(bench), "-o", str(tmp_path / "p.json"), "--workers", "-1"]) == 2
+    assert "workers must be >= 0" in capsys.readouterr().err
