@@ -9,6 +9,8 @@ Variants (--variant):
   gemm:S    every GEMM tile S times faster inside the layer (the profile's per-SM rates x S, peak capped by the
             base profile's): what a faster tile would be worth once dispatch, waits and the fixed phases stay.
             With a power model in the profile the faster tile also draws more power (same energy per FLOP).
+  push:S    every comm CTA's push rate S times faster (the profile's push curve stretched as the fit's
+            push_scale does, the link's plateau kept): what faster dispatch copies would be worth.
   energy:S  the tile's energy per FLOP x S (the power model's w_per_tflops; needs a profile with one, e.g.
             h200-megakernel-power): what a more frugal tile is worth where the board's power cap holds the clock.
   pad:R     a row block's MMAs cost its rows rounded up to R (a divisor of 128) instead of the whole 128-row block:
@@ -67,6 +69,13 @@ def gemm_scaled(profile, speedup: float):
     return profile_from_dict(prof, origin=f"{profile.name} x{speedup} GEMM")
 
 
+def push_scaled(profile, speedup: float):
+    """`profile` with every comm CTA's push rate x speedup (calibrate.scaled_profile's push_scale)."""
+    raw = profile.raw
+    prof = scaled_profile(raw, 1.0, speedup, raw["fixed_ns"]["count_exchange"] / 1e3)
+    return profile_from_dict(prof, origin=f"{profile.name} x{speedup} push per CTA")
+
+
 def energy_scaled(profile, factor: float):
     """`profile` with the power model's energy per FLOP x factor."""
     if profile.power is None:
@@ -85,7 +94,7 @@ def parse_variant(text: str) -> tuple[str, float]:
         if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
             return "pad", float(r)
         raise ValueError(f"variant {text!r}: pad:R needs R dividing 128 (e.g. pad:64)")
-    for kind in ("gemm", "energy"):
+    for kind in ("gemm", "push", "energy"):
         if text.startswith(kind + ":"):
             try:
                 s = float(text.split(":", 1)[1])
@@ -93,7 +102,7 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = 0.0
             if s > 0:
                 return kind, s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S' or 'energy:S' with S > 0 (e.g. gemm:1.2), or 'pad:R'")
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S', 'push:S' or 'energy:S' with S > 0 (e.g. gemm:1.2), or 'pad:R'")
 
 
 def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
@@ -116,6 +125,8 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
+    elif kind == "push":
+        changed, changed_opts, changed_profile = as_built, opts, push_scaled(profile, speedup)
     else:
         changed, changed_opts, changed_profile = as_built, opts, energy_scaled(profile, speedup)
     out = {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "variant": variant,
@@ -140,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
-                    help="dedup, gemm:S (tiles S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R "
+                    help="dedup, gemm:S (tiles S times faster), push:S (comm CTAs S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R "
                          "(a block's MMAs cost its rows rounded up to R)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
@@ -161,7 +172,7 @@ def main(argv=None) -> int:
                  f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
-            "energy": f"GEMM energy per FLOP x{factor}", "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
+            "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster", "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")

@@ -124,3 +124,11 @@ def test_whatif_pad_charges_fewer_mma_rows_and_checks_r():
     assert same["changed"] == same["as_built"]
     with pytest.raises(ValueError, match="expert-packed"):
         whatif_result({**r, "kernel_layout": "segment-padded"}, load_profile("h200-megakernel"), CFG, variant="pad:64")
+
+
+def test_whatif_faster_push_never_slows_and_helps_a_link_bound_layer():
+    r = _result(top_k=4, tokens=1024)
+    out = whatif_result(r, load_profile("h200-megakernel"), CFG, variant="push:2")
+    for p in out["as_built"]:
+        assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
+    assert out["changed"]["kernel:static:20"] < out["as_built"]["kernel:static:20"]
