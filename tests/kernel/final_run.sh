@@ -20,7 +20,7 @@ M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepsee
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S and calib). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib and traces_fitted). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -45,5 +45,15 @@ want traces && for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
   bench trace_run_$m --models $m --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 \
     --trace $R/trace_weave_${m}_4096.json --trace-policy weave > /dev/null
 done
+# traces_fitted: the same traces on realistic routing (one mid-depth layer of --synthetic fitted) for all six models,
+# and their busy shares (the "SMs busy >= 90%" on the routing it is judged on)
+if want traces_fitted; then
+  for m in ${M//,/ }; do
+    L=$(python3 -c "from weave_sim.presets import get_model; print(get_model('$m').num_moe_layers // 2)")
+    bench trace_fitted_run_$m --models $m --tokens 4096 --synthetic fitted --layers $L --comm 8 --weave-comm= \
+      --no-sequential --repeats 3 --trace $R/trace_fitted_weave_${m}_4096.json --trace-policy weave > /dev/null
+  done
+  python3 -m weave_sim.cli timeline-stats $R/trace_fitted_weave_*_4096.json --from count_exchange | tee $R/timeline_stats_fitted_$TAG.txt
+fi
 grep -h "geomean\|fraction of the lower bound" $R/bench_*_$TAG.log | cut -c1-250
 (cd $R && tar czf $REAL_OUT/results_$TAG.tgz .)
