@@ -54,7 +54,6 @@ class LayerSim:
             gemm = cls == C_GEMM
             work[gemm] *= np.exp(jitter * rng.standard_normal(int(gemm.sum())))
         dur = np.round(work).astype(np.int64) + fx["task_claim"] * graph.tiles.astype(np.int64)
-        self._claim = int(fx["task_claim"])
         self._dur = dur.tolist()
         self._cls = cls.tolist()
         slot = cls.copy()
@@ -142,8 +141,8 @@ class LayerSim:
             self.sm[t] = sm
             self.run_count[t] += 1
             if cls[t] == C_COMM:
-                if self._claim:
-                    yield env.timeout(self._claim)
+                if dur[t]:
+                    yield env.timeout(dur[t])  # the claim, and a dispatch piece's fence and flag (dag.py)
                 yield fabric.transfer(g, peer[t], nbytes[t])
             else:
                 yield env.timeout(dur[t])

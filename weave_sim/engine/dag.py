@@ -157,6 +157,22 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return owner, idx, size
 
 
+def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment_pad_rows: int | None) -> np.ndarray:
+    """[G_src, G_dst] dispatch pieces of the megakernel: on owner d each local expert's rows lie back to back (d's
+    own first, then ring order; each source's segment padded to segment_pad_rows in the per-segment layout), and a
+    source sends one piece per 128-row block its segment touches. Own rows are not sent (diagonal 0)."""
+    G = w.num_gpus
+    out = np.zeros((G, G), dtype=np.int64)
+    for d in range(G):
+        seg = w.pair_counts[:, d, w.placement.local_experts(d)][ring[d]].T  # [experts, ring position]
+        span = seg if segment_pad_rows is None else -(-seg // segment_pad_rows) * segment_pad_rows
+        start = np.cumsum(span, axis=1) - span
+        touched = np.where(seg > 0, (start + seg - 1) // tile_rows - start // tile_rows + 1, 0)
+        out[ring[d], d] = touched.sum(axis=0)
+    np.fill_diagonal(out, 0)
+    return out
+
+
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
@@ -194,7 +210,15 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     np.fill_diagonal(R, 0)
     st_own, st_idx, st_rows = _split(R.ravel(), cr)
     st_src, st_dst = st_own // G, st_own % G
-    disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes,
+    # The megakernel's dispatch pieces (kernel layouts only, i.e. pad rows given): a source's rows of one expert
+    # cut at the owner's 128-row blocks, each piece ended by a fence and a release flag on the owner, about one
+    # cross-GPU signal during which its CTA pushes nothing. Charged before the stream's transfers, spread evenly.
+    if segment_pad_rows is not None or expert_pad_rows is not None:
+        pieces = _dispatch_pieces(w, ring, tile_rows, segment_pad_rows)
+        piece_ns = np.round(fx["signal"] * pieces / np.maximum(-(-R // cr), 1)).astype(np.int64).ravel()[st_own]
+    else:
+        piece_ns = 0
+    disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes, work_ns=piece_ns,
                  prio=st_idx * G + (st_dst - st_src) % G)
     b.edges(known[st_src], disp)
     nch = -(-R.ravel() // cr)
@@ -237,9 +261,11 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         ch[order] = np.minimum(before * K[g] // max(x["rows"].sum(), 1), K[g] - 1)
         rb_chunk.append(ch)
         rb_order.append(rank)
-        # FLOP/ns per SM. With padded segments the padding is charged as rows, so a small expert is not
-        # also charged the small-M rate: its tiles run at the rate of at least a full tile.
-        eff_rows = x["expert_rows"] if pad_rows is None else np.maximum(x["expert_rows"], tile_rows)
+        # FLOP/ns per SM. With padded blocks (the kernel layouts) the padding is charged as rows, and a small
+        # expert's weights as HBM time below (work = max of both), so its tiles compute at the rate of at least
+        # two full blocks per expert: the calibration's points of one block per expert stream every weight
+        # stage from HBM, i.e. their rate already holds the HBM time the engine charges separately.
+        eff_rows = x["expert_rows"] if pad_rows is None else np.maximum(x["expert_rows"], 2 * tile_rows)
         rate = profile.per_sm_tflops(eff_rows) * _FLOP_PER_NS_PER_TFLOPS
         if gemm_clock is not None:
             rate = rate * float(gemm_clock[g])
