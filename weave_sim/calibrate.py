@@ -189,19 +189,21 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
 FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us", "barrier_us")
-OPTIONAL_FIT_PARAMS = ("tile_ns",)  # fitted only when asked for (fit_profile(params=...), --fit-params)
+OPTIONAL_FIT_PARAMS = ("tile_ns", "piece_ns")  # fitted only when asked for (fit_profile(params=...), --fit-params)
 _FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0),
-               "tile_ns": (0.0, 5000.0)}
+               "tile_ns": (0.0, 5000.0), "piece_ns": (0.0, 20000.0)}
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float,
-                   barrier_us: float | None = None, tile_ns: float | None = None) -> dict:
+                   barrier_us: float | None = None, tile_ns: float | None = None,
+                   piece_ns: float | None = None) -> dict:
     """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
     c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), the per-layer fixed
     cost of the count exchange set to fixed_us and (unless None) the cost of one grid barrier between the
     fused sequential policy's phases set to barrier_us: a separate number, so that what only the phased
     policy pays does not land in the fixed cost every policy pays. tile_ns (unless None): the fixed cost of every GEMM
-    tile (the profile's task_claim: claim, pipeline fill and epilogue beyond the calibrated rate)."""
+    tile (the profile's task_claim: claim, pipeline fill and epilogue beyond the calibrated rate). piece_ns (unless
+    None): the megakernel's cost per dispatch piece (fixed_ns "dispatch_piece"; the engine uses `signal` without it)."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
@@ -216,6 +218,8 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
         prof["fixed_ns"]["grid_barrier"] = int(round(barrier_us * 1e3))
     if tile_ns is not None:
         prof["fixed_ns"]["task_claim"] = int(round(tile_ns))
+    if piece_ns is not None:
+        prof["fixed_ns"]["dispatch_piece"] = int(round(piece_ns))
     return prof
 
 
@@ -336,6 +340,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
         x["tile_ns"] = float(base_raw["fixed_ns"]["task_claim"])
+    if "piece_ns" in params:
+        x["piece_ns"] = float(base_raw["fixed_ns"].get("dispatch_piece", base_raw["fixed_ns"]["signal"]))
 
     if workers < 0:
         raise CalibrationError(f"workers must be >= 0, got {workers}")
@@ -368,6 +374,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us, "
                       f"grid barrier {x['barrier_us']:.1f} us"
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
+                      + (f", per dispatch piece {x['piece_ns']:.0f} ns" if "piece_ns" in x else "")
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),

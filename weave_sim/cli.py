@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "
-                        "add tile_ns to fit a fixed cost per GEMM tile; leave one out to keep the base's value, e.g. "
-                        "push_scale on one GPU)")
+                        "add tile_ns to fit a fixed cost per GEMM tile, piece_ns one per kernel dispatch piece; leave "
+                        "one out to keep the base's value, e.g. push_scale on one GPU)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,

@@ -20,6 +20,8 @@ _TOP_KEYS = {
     "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns", "calibration", "power",
 }
 _FIXED_KEYS = {"launch", "host_sync", "grid_barrier", "task_claim", "signal", "count_exchange", "decision"}
+# optional: "dispatch_piece", the megakernel's cost per dispatch piece (fence + flag; engine/dag.py), else `signal`
+_OPTIONAL_FIXED_KEYS = {"dispatch_piece"}
 _POWER_KEYS = {"cap_w", "base_w", "w_per_tflops", "exponent"}
 
 
@@ -163,7 +165,8 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
     fixed = {k: int(v) for k, v in data["fixed_ns"].items()}
-    need(set(fixed) == _FIXED_KEYS, f"fixed_ns must have exactly {sorted(_FIXED_KEYS)}")
+    need(_FIXED_KEYS <= set(fixed) <= _FIXED_KEYS | _OPTIONAL_FIXED_KEYS,
+         f"fixed_ns must have exactly {sorted(_FIXED_KEYS)}, and may have {sorted(_OPTIONAL_FIXED_KEYS)}")
     need(all(v >= 0 for v in fixed.values()), "fixed_ns values must be >= 0")
     need(int(data["num_sms"]) > 1, "num_sms must be > 1")
     power = None

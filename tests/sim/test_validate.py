@@ -288,3 +288,32 @@ def test_calibrate_fit_cli_passes_workers(tmp_path, capsys):
     bench = simulated_bench_file(tmp_path / "bench.json", PROFILE, 1024, 512)
     assert main(["calibrate", "--fit", str(bench), "-o", str(tmp_path / "p.json"), "--workers", "-1"]) == 2
     assert "workers must be >= 0" in capsys.readouterr().err
+
+
+def test_dispatch_piece_cost_is_optional_charged_and_fittable(tmp_path):
+    """fixed_ns may carry "dispatch_piece" (else the engine charges `signal` per kernel dispatch piece); it slows
+    the kernel's dispatch-bound policies, and `piece_ns` fits it."""
+    from weave_sim.calibrate import fit_profile
+    from weave_sim.engine.testing import simulated_bench_file
+    from weave_sim.profile import ProfileError, profile_from_dict
+
+    raw = PROFILE.raw
+    with pytest.raises(ProfileError, match="fixed_ns"):
+        profile_from_dict({**raw, "fixed_ns": {**raw["fixed_ns"], "colour": 1}})
+    bench = json.loads(simulated_bench_file(tmp_path / "b.json", PROFILE, 1024, 512, tokens=2048).read_text())
+    r = bench["results"][0]
+    times = {}
+    for piece in (0, 50_000):
+        prof = profile_from_dict({**raw, "fixed_ns": {**raw["fixed_ns"], "dispatch_piece": piece}})
+        times[piece] = validate_result_ms(r, prof)
+    assert times[50_000]["static:4"] > times[0]["static:4"] * 1.05
+    prof = fit_profile(tmp_path / "b.json", rounds=1, iters=1, log=lambda m: None,
+                       params=("gemm_scale", "piece_ns"))
+    assert prof["fixed_ns"]["dispatch_piece"] >= 0 and "piece_ns" in prof["calibration"]["params"]
+    profile_from_dict(prof)
+
+
+def validate_result_ms(result, prof):
+    from weave_sim.validate import validate_result
+
+    return validate_result(result, prof).predicted_ms

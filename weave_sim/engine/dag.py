@@ -212,10 +212,12 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     st_src, st_dst = st_own // G, st_own % G
     # The megakernel's dispatch pieces (kernel layouts only, i.e. pad rows given): a source's rows of one expert
     # cut at the owner's 128-row blocks, each piece ended by a fence and a release flag on the owner, about one
-    # cross-GPU signal during which its CTA pushes nothing. Charged before the stream's transfers, spread evenly.
+    # cross-GPU signal during which its CTA pushes nothing (the profile's fixed_ns "dispatch_piece" if it has one,
+    # e.g. fitted: weave-sim calibrate --fit-params ...,piece_ns). Charged before the stream's transfers, spread evenly.
     if segment_pad_rows is not None or expert_pad_rows is not None:
         pieces = _dispatch_pieces(w, ring, tile_rows, segment_pad_rows)
-        piece_ns = np.round(fx["signal"] * pieces / np.maximum(-(-R // cr), 1)).astype(np.int64).ravel()[st_own]
+        per_piece = fx.get("dispatch_piece", fx["signal"])
+        piece_ns = np.round(per_piece * pieces / np.maximum(-(-R // cr), 1)).astype(np.int64).ravel()[st_own]
     else:
         piece_ns = 0
     disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes, work_ns=piece_ns,
