@@ -172,7 +172,8 @@ def main(argv=None) -> int:
                  f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
-            "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster", "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
+            "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
+            "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")

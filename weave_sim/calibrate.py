@@ -155,7 +155,7 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
 
 
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
-                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1) -> dict:
+                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
     """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
@@ -234,7 +234,7 @@ def _result_logs(result: dict, prof, policies) -> list[float]:
     return [abs(np.log(v.predicted_ms[p] / v.measured_ms[p])) for p in v.predicted_ms]
 
 
-_WORKER_STATE: tuple = ()  # (results, policies) of the fit a worker process serves (fit_pool's initializer)
+_WORKER_STATE: tuple = ()  # (results, policies) of the fit a worker process serves (FitPool's initializer)
 
 
 def _worker_init(results: list, policies) -> None:

@@ -160,7 +160,7 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
 def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment_pad_rows: int | None) -> np.ndarray:
     """[G_src, G_dst] dispatch pieces of the megakernel: on owner d each local expert's rows lie back to back (d's
     own first, then ring order; each source's segment padded to segment_pad_rows in the per-segment layout), and a
-    source sends one piece per 128-row block its segment touches. Own rows are not sent (diagonal 0)."""
+    source sends one piece per tile_rows-row block its segment touches. Own rows are not sent (diagonal 0)."""
     G = w.num_gpus
     out = np.zeros((G, G), dtype=np.int64)
     for d in range(G):
@@ -213,7 +213,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     # The megakernel's dispatch pieces (kernel layouts only, i.e. pad rows given): a source's rows of one expert
     # cut at the owner's 128-row blocks, each piece ended by a fence and a release flag on the owner, about one
     # cross-GPU signal during which its CTA pushes nothing (the profile's fixed_ns "dispatch_piece" if it has one,
-    # e.g. fitted: weave-sim calibrate --fit-params ...,piece_ns). Charged before the stream's transfers, spread evenly.
+    # e.g. fitted: weave-sim calibrate --fit-params ...,piece_ns). Charged before the stream's transfers, spread
+    # evenly over them.
     if segment_pad_rows is not None or expert_pad_rows is not None:
         pieces = _dispatch_pieces(w, ring, tile_rows, segment_pad_rows)
         per_piece = fx.get("dispatch_piece", fx["signal"])
