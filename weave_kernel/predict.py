@@ -55,9 +55,9 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     model = get_model(model_name)
     profile = load_profile(profile_name)
     if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
-        from .whatif import gemm_scaled
+        from .whatif import rescaled
 
-        profile = gemm_scaled(profile, gemm_scale)
+        profile = rescaled(profile, gemm=gemm_scale)
     counts, all_ids, placement = config_counts(model, world, tokens, seed, spec, layer)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, placement,
                              counts["tokens_per_gpu"])

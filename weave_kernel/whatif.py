@@ -61,19 +61,13 @@ def distinct_dispatch_rows(result: dict, cfg: dict) -> np.ndarray:
     return rows
 
 
-def gemm_scaled(profile, speedup: float):
-    """`profile` with every per-SM GEMM rate x speedup (the chip's peak is left as it is)."""
+def rescaled(profile, gemm: float = 1.0, push: float = 1.0):
+    """`profile` with every per-SM GEMM rate x gemm (the chip's peak left as it is) and every comm CTA's push rate
+    x push (calibrate.scaled_profile's push_scale: the curve stretched, the link's plateau kept)."""
     raw = profile.raw
-    prof = scaled_profile(raw, speedup, 1.0, raw["fixed_ns"]["count_exchange"] / 1e3)
+    prof = scaled_profile(raw, gemm, push, raw["fixed_ns"]["count_exchange"] / 1e3)
     prof["gemm"]["peak_tflops"] = raw["gemm"]["peak_tflops"]
-    return profile_from_dict(prof, origin=f"{profile.name} x{speedup} GEMM")
-
-
-def push_scaled(profile, speedup: float):
-    """`profile` with every comm CTA's push rate x speedup (calibrate.scaled_profile's push_scale)."""
-    raw = profile.raw
-    prof = scaled_profile(raw, 1.0, speedup, raw["fixed_ns"]["count_exchange"] / 1e3)
-    return profile_from_dict(prof, origin=f"{profile.name} x{speedup} push per CTA")
+    return profile_from_dict(prof, origin=f"{profile.name} x{gemm} GEMM, x{push} push per CTA")
 
 
 def energy_scaled(profile, factor: float):
@@ -124,9 +118,9 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
             raise ValueError(f"pad:R models the expert-packed kernel layout; this result ran {opts}")
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
     elif kind == "gemm":
-        changed, changed_opts, changed_profile = as_built, opts, gemm_scaled(profile, speedup)
+        changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
-        changed, changed_opts, changed_profile = as_built, opts, push_scaled(profile, speedup)
+        changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, push=speedup)
     else:
         changed, changed_opts, changed_profile = as_built, opts, energy_scaled(profile, speedup)
     out = {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "variant": variant,
@@ -151,8 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
-                    help="dedup, gemm:S (tiles S times faster), push:S (comm CTAs S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R "
-                         "(a block's MMAs cost its rows rounded up to R)")
+                    help="dedup, gemm:S (tiles S times faster), push:S (comm CTAs S times faster), energy:S (energy per "
+                         "FLOP x S; power profiles) or pad:R (a block's MMAs cost its rows rounded up to R)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
