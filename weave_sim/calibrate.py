@@ -64,6 +64,32 @@ def gemm_curve(points: list[dict]) -> dict[str, float]:
     return {str(r): round(float(x), 6) for r, x in zip(rows, rates)}
 
 
+CONCURRENCY_NOTE = (" scale_by_ctas: the factor on that rate while n SMs run tiles at once (rows per expert >= 1024, "
+                    "rate at n over the median over n; the engine applies it per tile, with HBM shared by the n SMs).")
+
+
+def gemm_concurrency_curve(points: list[dict], min_rows: int = 1024) -> dict[str, float] | None:
+    """Factor on the per-SM rate by the number of CTAs computing at once (gemm.scale_by_ctas): for each
+    rows-per-expert value >= min_rows (tiles bound by their MMAs, not by streaming weights from HBM), the rate at
+    each CTA count over the median over CTA counts (gemm_curve's value), averaged over those rows values and made
+    non-increasing in CTAs. None when fewer than two CTA counts were measured there."""
+    by: dict[int, dict[int, float]] = {}
+    for p in points:
+        n, rows, tf = int(p["ctas"]), int(p["rows_per_expert"]), float(p["tflops"])
+        if rows >= min_rows and n >= 1 and tf > 0:
+            by.setdefault(rows, {})[n] = tf / n
+    ratios: dict[int, list[float]] = {}
+    for per_n in by.values():
+        med = float(np.median(list(per_n.values())))
+        for n, r in per_n.items():
+            ratios.setdefault(n, []).append(r / med)
+    if len(ratios) < 2:
+        return None
+    ctas = sorted(ratios)
+    scale = np.minimum.accumulate([float(np.mean(ratios[n])) for n in ctas])
+    return {str(n): round(float(x), 6) for n, x in zip(ctas, scale)}
+
+
 def chunk_efficiency(points: list[dict]) -> dict[str, float]:
     """eff(K) = time(K=1) / time(K), capped at 1 (chunking never counts as a speedup of the GEMMs)."""
     times = {int(p["chunks"]): float(p["time_ns"]) for p in points}
@@ -109,8 +135,10 @@ def power_model(power: dict) -> dict:
     return out
 
 
-def build_profile(measurements: dict, base: str = "h200", name: str | None = None) -> dict:
-    """A profile dictionary from measurements, falling back to `base` for what was not measured."""
+def build_profile(measurements: dict, base: str = "h200", name: str | None = None,
+                  concurrency: bool = False) -> dict:
+    """A profile dictionary from measurements, falling back to `base` for what was not measured.
+    concurrency: also the GEMM rate's dependence on the number of computing SMs (gemm.scale_by_ctas)."""
     missing = [k for k in REQUIRED if k not in measurements]
     if missing:
         raise CalibrationError(f"measurements lack {missing}")
@@ -129,6 +157,12 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     prof["gemm"]["per_sm_tflops_by_rows"] = gemm_curve(m["gemm"])
     prof["gemm"]["note"] = ("Per-SM rate of the kernel's own tiles vs rows per expert: median over compute CTA "
                             "counts of TFLOP/s / CTAs, made non-decreasing in rows.")
+    prof["gemm"].pop("scale_by_ctas", None)
+    conc = gemm_concurrency_curve(m["gemm"]) if concurrency else None
+    if conc:
+        prof["gemm"]["scale_by_ctas"] = conc
+        prof["gemm"]["note"] += CONCURRENCY_NOTE
+        measured.append("gemm concurrency")
     if "gemm_peak_tflops" in m:
         prof["gemm"]["peak_tflops"] = float(m["gemm_peak_tflops"])
         measured.append("gemm peak")
@@ -155,11 +189,12 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
 
 
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
-                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True) -> dict:
+                   power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
+                   concurrency: bool = False) -> dict:
     """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
-    differs from board to board (docs/power.md)."""
+    differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     def read(path):
@@ -177,7 +212,7 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
                                                   f"commit {str(pm.get('commit', '?'))[:12]})"}}
     if not power:
         m = {k: v for k, v in m.items() if k != "power"}
-    prof = build_profile(m, base=base, name=name)
+    prof = build_profile(m, base=base, name=name, concurrency=concurrency)
     if not power:
         prof.pop("power", None)  # nor the base's
     elif not hbm_power and "power" in prof:
@@ -189,21 +224,23 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
 FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us", "barrier_us")
-OPTIONAL_FIT_PARAMS = ("tile_ns", "piece_ns")  # fitted only when asked for (fit_profile(params=...), --fit-params)
+OPTIONAL_FIT_PARAMS = ("tile_ns", "piece_ns", "conc_exp")  # fitted only when asked for (fit_profile(params=...), --fit-params)
 _FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0),
-               "tile_ns": (0.0, 5000.0), "piece_ns": (0.0, 20000.0)}
+               "tile_ns": (0.0, 5000.0), "piece_ns": (0.0, 20000.0), "conc_exp": (0.0, 1.5)}
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float,
                    barrier_us: float | None = None, tile_ns: float | None = None,
-                   piece_ns: float | None = None) -> dict:
+                   piece_ns: float | None = None, conc_exp: float | None = None) -> dict:
     """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
     c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), the per-layer fixed
     cost of the count exchange set to fixed_us and (unless None) the cost of one grid barrier between the
     fused sequential policy's phases set to barrier_us: a separate number, so that what only the phased
     policy pays does not land in the fixed cost every policy pays. tile_ns (unless None): the fixed cost of every GEMM
     tile (the profile's task_claim: claim, pipeline fill and epilogue beyond the calibrated rate). piece_ns (unless
-    None): the megakernel's cost per dispatch piece (fixed_ns "dispatch_piece"; the engine uses `signal` without it)."""
+    None): the megakernel's cost per dispatch piece (fixed_ns "dispatch_piece"; the engine uses `signal` without it).
+    conc_exp (unless None; needs the base's gemm.scale_by_ctas): that concurrency factor raised to this power, i.e.
+    how much of the calibrated dependence on the number of computing SMs shows inside the layer (0: none)."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
@@ -220,6 +257,10 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
         prof["fixed_ns"]["task_claim"] = int(round(tile_ns))
     if piece_ns is not None:
         prof["fixed_ns"]["dispatch_piece"] = int(round(piece_ns))
+    if conc_exp is not None:
+        if "scale_by_ctas" not in gemm:
+            raise CalibrationError("conc_exp needs a base profile with gemm.scale_by_ctas (calibrate --gemm-concurrency)")
+        gemm["scale_by_ctas"] = {k: float(v) ** conc_exp for k, v in gemm["scale_by_ctas"].items()}
     return prof
 
 
@@ -301,7 +342,8 @@ def bench_kernel_sources(bench: dict) -> str | None:
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
-                power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1) -> dict:
+                power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1,
+                concurrency_path: Path | None = None) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -311,7 +353,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     power cap leaves each layer. power=False: drop the base's power model and fit at a fixed clock (the cost
     table the kernel evaluates has no power term, so its profile's GEMM rate should absorb the average clock);
     hbm_power=False: drop the power model's HBM term (w_per_tbs; board-dependent, docs/power.md). workers:
-    processes that simulate the points (FitPool; 0 = one per CPU); the fit is the same for any number."""
+    processes that simulate the points (FitPool; 0 = one per CPU); the fit is the same for any number.
+    concurrency_path: a measurements file whose GEMM points give the base a gemm.scale_by_ctas
+    (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -336,12 +380,24 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         base_raw["power"] = {**power_model(pm["power"]), "from": str(power_path)}
     if not hbm_power and "power" in base_raw:
         base_raw["power"].pop("w_per_tbs", None)
+    if concurrency_path is not None:
+        try:
+            cm = json.loads(Path(concurrency_path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"cannot read measurements {concurrency_path}: {exc}") from None
+        curve = gemm_concurrency_curve(cm.get("gemm", []))
+        if curve is None:
+            raise CalibrationError(f"{concurrency_path}: no GEMM points at two CTA counts for a concurrency curve")
+        base_raw["gemm"]["scale_by_ctas"] = curve
+        base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + CONCURRENCY_NOTE
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
         x["tile_ns"] = float(base_raw["fixed_ns"]["task_claim"])
     if "piece_ns" in params:
         x["piece_ns"] = float(base_raw["fixed_ns"].get("dispatch_piece", base_raw["fixed_ns"]["signal"]))
+    if "conc_exp" in params:
+        x["conc_exp"] = 1.0
 
     if workers < 0:
         raise CalibrationError(f"workers must be >= 0, got {workers}")
@@ -375,9 +431,13 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       f"grid barrier {x['barrier_us']:.1f} us"
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
                       + (f", per dispatch piece {x['piece_ns']:.0f} ns" if "piece_ns" in x else "")
+                      + (f", concurrency factor ^ {x['conc_exp']:.2f}" if "conc_exp" in x else "")
+                      + (", GEMM rate by computing SMs (gemm.scale_by_ctas)"
+                         if "scale_by_ctas" in base_raw["gemm"] else "")
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
+                           **({} if concurrency_path is None else {"concurrency_from": str(concurrency_path)}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

@@ -142,17 +142,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if (args.measurements is None) == (args.fit is None):
         raise ValueError("give either a measurements file or --fit BENCH.json")
+    if args.fit is None and args.gemm_concurrency not in (None, "-"):
+        raise ValueError("--gemm-concurrency takes a file only with --fit (else the curve comes from the measurements)")
+    if args.fit is not None and args.gemm_concurrency == "-":
+        raise ValueError("with --fit, --gemm-concurrency needs the measurements file to take the curve from")
     if args.fit is not None:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
-                           workers=args.workers, **kw)
+                           workers=args.workers, concurrency_path=args.gemm_concurrency, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
-                              power=not args.no_power, hbm_power=not args.no_hbm_power)
+                              power=not args.no_power, hbm_power=not args.no_hbm_power,
+                              concurrency=args.gemm_concurrency is not None)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -189,11 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hbm-power", action="store_true",
                    help="keep the power model but leave out its HBM term (W per TB/s; differs between boards, "
                         "docs/power.md)")
+    p.add_argument("--gemm-concurrency", nargs="?", const="-", default=None, metavar="MEASUREMENTS",
+                   help="also the GEMM rate's dependence on how many SMs compute at once (gemm.scale_by_ctas, from "
+                        "the GEMM points of >= 1024 rows per expert; with --fit: of this measurements file, added to "
+                        "the base before fitting); the engine then times each tile by the SMs running tiles when it "
+                        "starts")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "
-                        "add tile_ns to fit a fixed cost per GEMM tile, piece_ns one per kernel dispatch piece; leave "
-                        "one out to keep the base's value, e.g. push_scale on one GPU)")
+                        "add tile_ns to fit a fixed cost per GEMM tile, piece_ns one per kernel dispatch piece, "
+                        "conc_exp a power on the base's gemm.scale_by_ctas; leave one out to keep the base's value, "
+                        "e.g. push_scale on one GPU)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,

@@ -98,6 +98,10 @@ class HardwareProfile:
     fixed_ns: dict[str, int]
     power: PowerModel | None = None
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    # Optional: per-SM GEMM rate factor when n SMs of the GPU run GEMM tiles at once (gemm.scale_by_ctas),
+    # relative to per_sm_tflops_by_rows; None = the rate does not depend on n.
+    gemm_scale_ctas: np.ndarray | None = None
+    gemm_scale: np.ndarray | None = None
 
     # --- curves -------------------------------------------------------------------------------
     def bandwidth_gbs(self, num_comm_ctas) -> np.ndarray:
@@ -111,10 +115,19 @@ class HardwareProfile:
         r = np.maximum(np.asarray(rows_per_expert, dtype=np.float64), 1.0)
         return np.interp(np.log2(r), np.log2(self.gemm_rows), self.gemm_per_sm_tflops)
 
+    def concurrency_scale(self, num_gemm_sms) -> np.ndarray:
+        """Factor on the per-SM GEMM rate while `num_gemm_sms` SMs of one GPU run GEMM tiles at once (they
+        share L2, HBM and the power budget); 1 where the profile has no gemm.scale_by_ctas."""
+        n = np.asarray(num_gemm_sms, dtype=np.float64)
+        if self.gemm_scale is None:
+            return np.ones_like(n) if n.ndim else 1.0
+        return np.interp(n, self.gemm_scale_ctas, self.gemm_scale)
+
     def tflops(self, num_compute_sms, rows_per_expert) -> np.ndarray:
         """GEMM TFLOP/s of `num_compute_sms` SMs, never above the chip's peak."""
         n = np.asarray(num_compute_sms, dtype=np.float64)
-        return np.minimum(n * self.per_sm_tflops(rows_per_expert), self.gemm_peak_tflops)
+        return np.minimum(n * self.per_sm_tflops(rows_per_expert) * self.concurrency_scale(n),
+                          self.gemm_peak_tflops)
 
     def efficiency(self, num_chunks: int) -> float:
         """Chunk efficiency eff(K) <= 1; K must be one of the calibrated chunk counts."""
@@ -161,6 +174,10 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     need(np.all(np.diff(gbs) >= 0), "nvlink.push_gbs_by_ctas must be non-decreasing")
     rows, rate = _table(gm.get("per_sm_tflops_by_rows"), "gemm.per_sm_tflops_by_rows", need)
     need(np.all(np.diff(rate) >= 0), "gemm.per_sm_tflops_by_rows must be non-decreasing")
+    scale_ctas = scale = None
+    if "scale_by_ctas" in gm:
+        scale_ctas, scale = _table(gm["scale_by_ctas"], "gemm.scale_by_ctas", need)
+        need(np.all(scale > 0), "gemm.scale_by_ctas: factors must be > 0")
     eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
@@ -186,7 +203,7 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=float(gm["peak_tflops"]),
         tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
         hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, power=power,
-        raw=data,
+        raw=data, gemm_scale_ctas=scale_ctas, gemm_scale=scale,
     )
 
 

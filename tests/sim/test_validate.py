@@ -211,14 +211,25 @@ def test_a_smaller_grid_is_simulated_on_that_many_sms(tmp_path):
 
 def test_shipped_ep1_refits_keep_their_bases_links():
     """The EP=1 refits of the current kernel (docs/results.md): GEMM rate and fixed costs fitted on one GPU, the
-    NVLink push curve left as the two-GPU fit made it, and the kernel they were fitted to named."""
+    NVLink push curve left as the two-GPU fit made it, and the kernel they were fitted to named. The fixed-clock one
+    also times tiles by the SMs computing at once (gemm.scale_by_ctas from the EP=2 calibration, weighed by conc_exp)."""
     from pathlib import Path
 
+    from weave_sim.calibrate import gemm_concurrency_curve, scaled_profile
+
     root = Path(__file__).resolve().parents[2]
-    for name, base in (("h200-megakernel-ep1", "h200-megakernel"), ("h200-megakernel-power-ep1", "h200-megakernel-power")):
+    for name, base, extra in (("h200-megakernel-ep1", "h200-megakernel-ep2", ["conc_exp"]),
+                              ("h200-megakernel-power-ep1", "h200-megakernel-power", [])):
         prof, b = load_profile(name), load_profile(base)
         cal = prof.raw["calibration"]
-        assert cal["base"] == base and cal["fitted"] == ["gemm_scale", "fixed_us", "barrier_us"]
+        assert cal["base"] == base and cal["fitted"] == ["gemm_scale", "fixed_us", "barrier_us", *extra]
+        if extra:
+            meas = json.loads((root / cal["concurrency_from"]).read_text())
+            curve = gemm_concurrency_curve(meas["gemm"])
+            want = scaled_profile({**b.raw, "gemm": {**b.raw["gemm"], "scale_by_ctas": curve}},
+                                  **cal["params"])["gemm"]["scale_by_ctas"]
+            assert prof.raw["gemm"]["scale_by_ctas"] == pytest.approx(want)
+            assert 0.0 < cal["params"]["conc_exp"] < 1.5
         assert cal["params"]["push_scale"] == 1.0
         assert prof.raw["nvlink"] == b.raw["nvlink"] and ("power" in prof.raw) == ("power" in b.raw)
         bench = json.loads((root / cal["fitted_to"]).read_text())

@@ -49,12 +49,27 @@ class LayerSim:
         self.signal_ns = int(fx["signal"])
         cls = graph.cls
         work = graph.work_ns.astype(np.float64)
+        gemm = cls == C_GEMM
+        jit = np.ones(graph.num_tasks)
         if jitter > 0:  # seeded multiplicative noise on GEMM times only
             rng = np.random.default_rng(seed)
-            gemm = cls == C_GEMM
-            work[gemm] *= np.exp(jitter * rng.standard_normal(int(gemm.sum())))
-        dur = np.round(work).astype(np.int64) + fx["task_claim"] * graph.tiles.astype(np.int64)
+            jit[gemm] = np.exp(jitter * rng.standard_normal(int(gemm.sum())))
+            work[gemm] *= jit[gemm]
+        claims = fx["task_claim"] * graph.tiles.astype(np.int64)
+        dur = np.round(work).astype(np.int64) + claims
         self._dur = dur.tolist()
+        # Concurrency (profile gemm.scale_by_ctas): a GEMM task's time is set when it starts, from the number n of
+        # SMs of its GPU then running GEMM tasks (itself included): max(MMA time / scale(n), weight bytes at an
+        # n-way share of HBM).
+        self._conc = profile.gemm_scale is not None and graph.flop_ns is not None
+        if self._conc:
+            n = np.arange(profile.num_sms + 2, dtype=np.float64)
+            self._inv_scale = (1.0 / profile.concurrency_scale(np.maximum(n, 1.0))).tolist()
+            self._hbm_share = (np.maximum(n, 1.0) / profile.num_sms).tolist()
+            self._flop = (graph.flop_ns * jit).tolist()
+            self._hbm = (graph.hbm_ns * jit).tolist()
+            self._claims = claims.tolist()
+        self._running = [0] * graph.num_gpus  # GEMM tasks in flight per GPU
         self._cls = cls.tolist()
         slot = cls.copy()
         slot[graph.kind == K_COMBINE] = _Q_COMBINE  # combine waits apart from dispatch (compute SMs may join it)
@@ -144,6 +159,16 @@ class LayerSim:
                 if dur[t]:
                     yield env.timeout(dur[t])  # the claim, and a dispatch piece's fence and flag (dag.py)
                 yield fabric.transfer(g, peer[t], nbytes[t])
+            elif cls[t] == C_GEMM:
+                self._running[g] += 1
+                if self._conc:
+                    n = min(self._running[g], len(self._hbm_share) - 1)
+                    d = self._claims[t] + round(max(self._flop[t] * self._inv_scale[n],
+                                                    self._hbm[t] * self._hbm_share[n]))
+                else:
+                    d = dur[t]
+                yield env.timeout(d)
+                self._running[g] -= 1
             else:
                 yield env.timeout(dur[t])
             self._finish(t)

@@ -79,6 +79,11 @@ class TaskGraph:
     dep_idx: np.ndarray
     edge_src: np.ndarray
     batch: dict
+    # GEMM tasks' two time terms (float ns, 0 elsewhere): the MMAs at the profile's per-SM rate, and the weight
+    # bytes at an SM's share of HBM when every SM streams (hbm_gbs / num_sms); work_ns is the larger. With a
+    # profile's concurrency scale the core re-evaluates both when a task starts (core.py).
+    flop_ns: np.ndarray | None = None
+    hbm_ns: np.ndarray | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -102,17 +107,17 @@ class _Builder:
     def __init__(self) -> None:
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
                                                   ("kind", "gpu", "peer", "work_ns", "nbytes", "tiles",
-                                                   "flops", "prio", "delay_ns", "chunk")}
+                                                   "flops", "prio", "delay_ns", "chunk", "flop_ns", "hbm_ns")}
         self.n = 0
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
 
     def add(self, kind: int, gpu, *, peer=-1, work_ns=0, nbytes=0, tiles=1, flops=0.0, prio=0,
-            delay_ns=0, chunk=-1) -> np.ndarray:
+            delay_ns=0, chunk=-1, flop_ns=0.0, hbm_ns=0.0) -> np.ndarray:
         gpu = np.atleast_1d(np.asarray(gpu, dtype=np.int64))
         n = gpu.size
         vals = dict(kind=kind, gpu=gpu, peer=peer, work_ns=work_ns, nbytes=nbytes, tiles=tiles, flops=flops,
-                    prio=prio, delay_ns=delay_ns, chunk=chunk)
+                    prio=prio, delay_ns=delay_ns, chunk=chunk, flop_ns=flop_ns, hbm_ns=hbm_ns)
         for key, v in vals.items():
             self.cols[key].append(np.broadcast_to(np.asarray(v), (n,)).copy())
         ids = np.arange(self.n, self.n + n, dtype=np.int64)
@@ -126,7 +131,8 @@ class _Builder:
 
     def build(self, num_gpus: int, batch: dict) -> TaskGraph:
         dtypes = dict(kind=np.int8, gpu=np.int32, peer=np.int32, work_ns=np.int64, nbytes=np.int64,
-                      tiles=np.int32, flops=np.float64, prio=np.int64, delay_ns=np.int64, chunk=np.int32)
+                      tiles=np.int32, flops=np.float64, prio=np.int64, delay_ns=np.int64, chunk=np.int32,
+                      flop_ns=np.float64, hbm_ns=np.float64)
         arr = {k: np.concatenate(v).astype(dtypes[k]) if v else np.zeros(0, dtypes[k])
                for k, v in self.cols.items()}
         src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
@@ -292,10 +298,10 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         flops = 2.0 * rb_cost_rows[own] * k_dim * out_mult * cols
         # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
         weight_bytes = 2.0 * k_dim * out_mult * cols / rb_blocks[own]
-        work = np.maximum(flops / rb_rate[own], weight_bytes / per_sm_hbm_gbs)
-        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(work).astype(np.int64),
+        flop_ns, hbm_ns = flops / rb_rate[own], weight_bytes / per_sm_hbm_gbs
+        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(np.maximum(flop_ns, hbm_ns)).astype(np.int64),
                     tiles=-(-cols // tile_cols), flops=flops, prio=rb_prio[own] + (kind == K_GEMM0),
-                    chunk=rb_chunk[own])
+                    chunk=rb_chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns)
         return own, ids
 
     own0, g0 = gemm_tasks(K_GEMM0, I, H, b0, 2)  # gate and up: 2 x tile_cols outputs per SwiGLU column
