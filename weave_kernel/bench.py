@@ -76,6 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-cost-profile", default="",
                     help="A/B of the in-kernel choice: B = the same kernel reading this cost profile (name or path), "
                          "timed against --cost-profile's as --ab-csrc does; static policies are the A-vs-A control")
+    ap.add_argument("--dispatch", default="threads",
+                    help="how comm CTAs copy their rows: threads (all threads, default), bulk or bulk:W (bulk copies "
+                         "issued by W warps, csrc/bulk_copy.cuh)")
+    ap.add_argument("--ab-dispatch", action="store_true",
+                    help="A/B of the dispatch copies: B = the same kernel with the other --dispatch mode, timed "
+                         "against A as --ab-csrc does")
     ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
                     help="interleave the policies' repetitions (default) or time one policy after the other")
     ap.add_argument("--sustained", type=float, default=0.0,
@@ -166,7 +172,8 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     w13 = (torch.randn(e_loc, 2 * I, H, device=dev, generator=gen) / H**0.5).to(torch.bfloat16)
     w2 = (torch.randn(e_loc, H, I, device=dev, generator=gen) / I**0.5).to(torch.bfloat16)
     kw = dict(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k, placement=placement,
-              max_tokens=max_tokens, cost_profile=args.cost_profile, num_ctas=args.num_ctas or None)
+              max_tokens=max_tokens, cost_profile=args.cost_profile, num_ctas=args.num_ctas or None,
+              dispatch=args.dispatch)
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
     if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
         from .build import load_extension
@@ -174,6 +181,8 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
         layer.ab_other = MoEMegakernel(**kw, ext=load_extension(csrc=args.ab_csrc))
     elif args.ab_cost_profile:  # the same kernel choosing its split from another cost table
         layer.ab_other = MoEMegakernel(**{**kw, "cost_profile": args.ab_cost_profile})
+    elif args.ab_dispatch:  # the same kernel copying its dispatch rows the other way
+        layer.ab_other = MoEMegakernel(**{**kw, "dispatch": "bulk" if args.dispatch == "threads" else "threads"})
     return layer, w13, w2
 
 
@@ -336,7 +345,8 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
 def ab_summary(rows: list[dict]) -> str:
     """Geomean of t(A) / t(B) per policy over the configurations (above 1: B faster)."""
     pols = sorted({p for r in rows for p in r.get("ab", {})})
-    lines = ["interleaved A/B (A = this package's kernel, B = --ab-csrc's, or the same kernel with --ab-cost-profile): "
+    lines = ["interleaved A/B (A = this package's kernel, B = --ab-csrc's, or the same kernel with --ab-cost-profile "
+             "or the other --dispatch): "
              "geomean t(A) / t(B), above 1 = B faster"]
     for p in pols:
         v = [r["ab"][p]["a_over_b"] for r in rows if p in r.get("ab", {})]
@@ -416,8 +426,9 @@ def run_header(args, world: int, gpu: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.ab_csrc and args.ab_cost_profile:
-        raise SystemExit("weave_kernel.bench: --ab-csrc and --ab-cost-profile are two different A/Bs; give one")
+    if sum(map(bool, (args.ab_csrc, args.ab_cost_profile, args.ab_dispatch))) > 1:
+        raise SystemExit("weave_kernel.bench: --ab-csrc, --ab-cost-profile and --ab-dispatch are different A/Bs; "
+                         "give one")
     if args.ab_cost_profile:
         from weave_sim.profile import ProfileError, load_profile
 
@@ -425,6 +436,12 @@ def main(argv=None) -> int:
             load_profile(args.ab_cost_profile)
         except ProfileError as exc:
             raise SystemExit(f"weave_kernel.bench: --ab-cost-profile: {exc}")
+    try:
+        from .policies import dispatch_issuers
+
+        dispatch_issuers(args.dispatch)
+    except ValueError as exc:
+        raise SystemExit(f"weave_kernel.bench: --dispatch: {exc}")
     if args.repeats < 1 or args.calls_per_rep < 1 or args.warmup < 0:
         raise SystemExit("--repeats and --calls-per-rep must be >= 1, --warmup >= 0")
     args.comm = [int(c) for c in args.comm.split(",") if c]
@@ -490,7 +507,7 @@ def main(argv=None) -> int:
         geo_prefill = geomean([r["speedup_best_static"] for r in rows if r["tokens_per_gpu"] >= 2048])
         lb4096 = [r["fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096]
         print(format_table(rows, header))
-        if args.ab_csrc or args.ab_cost_profile:
+        if args.ab_csrc or args.ab_cost_profile or args.ab_dispatch:
             print(ab_summary(rows))
         print(f"geomean speedup of best static:C over the reference: {geo:.2f}x (all), {geo_prefill:.2f}x "
               f"(>= 2048 tokens per GPU); fraction of the lower bound at 4096: "

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .build import load_extension
+from .policies import dispatch_issuers
 from .gpu_state import GpuStateSampler, power_limit_w, sustained_ms
 from .symm import SymmetricBuffer, cuda_time_ms, init_ranks
 from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TIMEOUT_NS, Plan, assemble, driver_version,
@@ -39,6 +40,7 @@ class Bench:
         self.signal_base = 0
         self.failed_checks: list[str] = []
         self.t_start = time.time()
+        self.dispatch = "threads"  # the push points' copy code (calibrate --dispatch)
 
     @classmethod
     def start(cls) -> "Bench":
@@ -132,7 +134,8 @@ class Bench:
                               "off_start_flag": OFF_START, "off_blk_flag": OFF_BLK, "off_dst": OFF_DST,
                               "slot_bytes": slot_bytes, "times": times.data_ptr(), "rank": self.rank,
                               "world": self.world, "num_peers": peers, "num_blocks": blocks,
-                              "block_rows": BLOCK_ROWS, "row_chunks": ROW_BYTES // 16, "epoch": self.epoch}
+                              "block_rows": BLOCK_ROWS, "row_chunks": ROW_BYTES // 16, "epoch": self.epoch,
+                              "dispatch_bulk": dispatch_issuers(self.dispatch)}
                     self.ext.calib_push(params, ctas, self.stream)
                     self.check(f"push ({ctas} CTAs, {peers} peers)")
                     if i:
@@ -336,6 +339,7 @@ class Bench:
             "world": self.world, "torch": torch.__version__, "cuda": torch.version.cuda,
             "signal_path": "rank 0 <-> rank 1 over NVLink" if self.world > 1 else "two CTAs, own memory (one GPU)",
             "task_claim_1cta_ns": round(claim_one, 1),
+            "dispatch": self.dispatch,
             "config": {"push_row_bytes": ROW_BYTES, "push_block_rows": BLOCK_ROWS, "push_blocks": plan.push_blocks,
                        "gemm_n": GEMM_N, "gemm_k": GEMM_K, "gemm_tiles": plan.gemm_tiles,
                        "chunk_experts": plan.chunk_experts, "chunk_rows": plan.chunk_rows,

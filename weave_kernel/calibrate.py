@@ -38,6 +38,8 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .policies import dispatch_issuers
+
 ROW_BYTES = 4096 * 2            # one token row: hidden 4096, bf16
 BLOCK_ROWS = 128                # dispatch block = GEMM tile rows (csrc/config.cuh kBlockM)
 GEMM_K, GEMM_N = 2048, 4096
@@ -80,9 +82,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("calib.json"), help="measurements JSON to write (rank 0)")
     ap.add_argument("--quick", action="store_true", help="few points, small sizes (tests; a few seconds)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 5, quick 2)")
+    ap.add_argument("--dispatch", default="threads",
+                    help="the push points' copy code: the megakernel's dispatch by all threads (default) or by bulk "
+                         "copies (MoEMegakernel(dispatch=...); csrc/bulk_copy.cuh)")
     ap.add_argument("--commit", default=None,
                     help="commit to record (default: $WEAVE_COMMIT, else git rev-parse HEAD, else 'unknown')")
     args = ap.parse_args(argv)
+    try:
+        dispatch_issuers(args.dispatch)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.repeats is not None and not 1 <= args.repeats <= 100:
         ap.error("--repeats must lie in [1, 100]")
     return args
@@ -196,6 +205,7 @@ def main(argv=None) -> int:
     from .calib_runs import Bench
 
     bench = Bench.start()
+    bench.dispatch = args.dispatch
     try:
         m = bench.run(plan, commit=args.commit or git_commit())
         if bench.rank == 0:

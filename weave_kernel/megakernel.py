@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .policies import parse_policy
+from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_issuers, parse_policy  # noqa: F401
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .validate import check_geometry, check_layer_inputs
@@ -39,7 +39,7 @@ ERROR_TEXT = {
     5: "timeout waiting for the rows of row block {0} from rank {1}",
     6: "timeout waiting for GEMM0 of row block {0} (column block {1})",
     7: "timeout waiting for the combine rows of rank {0}",
-    8: "timeout waiting for a TMA weight-tile load (pipeline stage {0}, k step {1})",
+    8: "timeout waiting for a TMA load (pipeline stage {0}, k step {1}; stage -1: dispatch row copy piece {1})",
 }
 
 
@@ -109,11 +109,13 @@ class MoEMegakernel:
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
-                 num_ctas: int | None = None):
+                 num_ctas: int | None = None, dispatch: str = "threads"):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
         package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
         (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
-        set by `connect`). `num_ctas`: the grid (default: one CTA per SM)."""
+        set by `connect`). `num_ctas`: the grid (default: one CTA per SM). `dispatch`: how a comm CTA copies its
+        rows, "threads" (all threads, 16-byte loads and stores) or "bulk" / "bulk:W" (bulk copies through the CTA's
+        operand stages issued by W warps, csrc/bulk_copy.cuh; measured on one GPU only, docs/kernel.md)."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -138,6 +140,8 @@ class MoEMegakernel:
         self.max_tokens = max_tokens
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.timeout_ns = int(timeout_s * 1e9)
+        dispatch_issuers(dispatch)  # checked here, before anything is built
+        self.dispatch = dispatch
         self.ext = ext if ext is not None else load_extension()
         max_ctas = self.ext.max_ctas(self.device.index)
         if max_ctas <= 0:
@@ -265,7 +269,7 @@ class MoEMegakernel:
             "recv_cap_rows": pl.recv_cap_rows, "max_row_blocks": pl.max_row_blocks,
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
             "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
-            "cooperative": int(self.cooperative),
+            "cooperative": int(self.cooperative), "dispatch_bulk": dispatch_issuers(self.dispatch),
         }
 
     def last_choice(self) -> dict | None:

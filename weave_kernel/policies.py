@@ -70,3 +70,21 @@ def parse_policy(spec: str, num_ctas: int) -> LaunchPolicy:
     if sep and not arg:
         raise ValueError(f"policy {spec!r}: empty argument after ':'")
     return POLICIES[name](arg or None, num_ctas)
+
+
+DISPATCH_MODES = ("threads", "bulk")  # "bulk:W" also: W issuing warps (Params::dispatch_bulk, csrc/params.h)
+BULK_ISSUERS = 8                      # "bulk": issuing warps per CTA
+MAX_BULK_ISSUERS = 12                 # weave::BulkRing::kMaxIssuers (the CTA's warps)
+
+
+def dispatch_issuers(dispatch: str) -> int:
+    """Params::dispatch_bulk of a dispatch mode: 0 for "threads", the issuing warps for "bulk" / "bulk:W"."""
+    if dispatch == "threads":
+        return 0
+    if dispatch == "bulk":
+        return BULK_ISSUERS
+    head, _, w = str(dispatch).partition(":")
+    if head == "bulk" and w.isdigit() and 1 <= int(w) <= MAX_BULK_ISSUERS:
+        return int(w)
+    raise ValueError(f"dispatch must be one of {DISPATCH_MODES} or bulk:W with 1 <= W <= {MAX_BULK_ISSUERS}, "
+                     f"got {dispatch!r}")

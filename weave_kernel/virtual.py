@@ -41,7 +41,7 @@ class VirtualRanks:
     def __init__(self, world: int, *, hidden: int, inter: int, num_experts: int, top_k: int, placement,
                  max_tokens: int, device=None, ctas_per_rank: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE, ext=None):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads"):
         from .build import load_extension
 
         self.world = int(world)
@@ -58,7 +58,7 @@ class VirtualRanks:
             MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=placement,
                           max_tokens=max_tokens, device=self.device, timeout_s=timeout_s,
                           timeline_per_cta=timeline_per_cta, cost_profile=cost_profile, ext=ext,
-                          virtual=(r, self.world), num_ctas=n)
+                          virtual=(r, self.world), num_ctas=n, dispatch=dispatch)
             for r in range(self.world)
         ]
         for layer in self.layers:

@@ -20,7 +20,7 @@ M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepsee
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib and traces_fitted). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib, traces_fitted and D). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -31,6 +31,19 @@ want B && bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --w
 # four layers per model) and GPT-OSS-20B on its recorded trace; held out for weave-sim validate like B
 want R && bench bench_R_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm 4,8,16
 want R && bench bench_Rtrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm 4,8,16
+# D: dispatch by bulk copies (--ab-dispatch: the same kernel, rows copied by 8 issuing warps' bulk copies, timed in
+# alternation with the default all-thread copies; csrc/bulk_copy.cuh), after the 2-rank tests and a sanitizer pass in
+# that mode, and the calibration's push curve in that mode (calib_bulk_$TAG.json: the profile a bulk kernel would read)
+if want D; then
+  timeout 200 torchrun --nproc_per_node=$NPROC tests/kernel/gpu_worker.py --dispatch bulk > $R/test2_bulk.log 2>&1
+  echo "test2 bulk rc $? [${SECONDS}s]: $(grep -E 'SUMMARY|CHOICE AGREEMENT' $R/test2_bulk.log | tr '\n' ' ')"
+  timeout 150 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all torchrun \
+    --nproc_per_node=$NPROC tests/kernel/gpu_worker.py --sanitize --dispatch bulk > $R/memcheck_bulk.log 2>&1
+  echo "memcheck bulk rc $? [${SECONDS}s]: $(grep -E 'ERROR SUMMARY' $R/memcheck_bulk.log | head -2 | tr '\n' ' ')"
+  bench bench_D_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,20 --weave-comm 8 --ab-dispatch --repeats 3
+  timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate --dispatch bulk \
+    --out $R/calib_bulk_$TAG.json > $R/calib_bulk_$TAG.log 2>&1; echo "calib bulk rc $? [${SECONDS}s]"
+fi
 want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
 # FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,
 # forward then reverse (bench --sustained; docs/power.md); about 5 min at S=1 (5 min at EP=1 measured)

@@ -27,6 +27,7 @@ from weave_sim.presets import get_model
 
 TOL = 1e-2
 FAILURES: list[str] = []
+DISPATCH = ["threads"]  # how comm CTAs copy rows (MoEMegakernel's `dispatch`), set by --dispatch
 
 
 def log(msg: str) -> None:
@@ -63,7 +64,7 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
     layer = (layer_cache or {}).get(key)
     if layer is None:
         layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                              max_tokens=max(tokens), timeline_per_cta=512)
+                              max_tokens=max(tokens), timeline_per_cta=512, dispatch=DISPATCH[0])
         if layer_cache is not None:
             layer_cache[key] = layer
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)  # same weights on every rank
@@ -172,7 +173,7 @@ def check_errors(trace_dir: str | None) -> None:
     ids_d, w_d = torch.as_tensor(ids).to(dev), torch.as_tensor(w).to(dev)
 
     layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128,
-                          timeline_per_cta=256)
+                          timeline_per_cta=256, dispatch=DISPATCH[0])
     layer(x, ids_d, w_d, w13, w2, policy="static:16", record_timeline=True)
     torch.cuda.synchronize()
     events, _ = layer.timeline_events()
@@ -233,7 +234,7 @@ def check_errors(trace_dir: str | None) -> None:
     # a peer that never calls: rank 0 must raise after the timeout, not hang
     if world > 1:
         layer2 = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128,
-                               timeout_s=0.3)
+                               timeout_s=0.3, dispatch=DISPATCH[0])
         if rank == 0:
             try:
                 layer2(x, ids_d, w_d, w13, w2)
@@ -250,7 +251,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer cases")
     ap.add_argument("--trace-dir", default=None)
     ap.add_argument("--sanitize", action="store_true", help="one tiny case (for compute-sanitizer)")
+    ap.add_argument("--dispatch", default="threads", help="threads, bulk or bulk:W (MoEMegakernel's dispatch)")
     args = ap.parse_args()
+    DISPATCH[0] = args.dispatch
     init_ranks()
     world = dist.get_world_size()
     torch.manual_seed(0)

@@ -121,3 +121,13 @@ def test_kernel_limits_match_python_checks():
     for cname, (pyname, attr) in pairs.items():
         assert const(cname) == getattr(validate, pyname), cname
         assert int(re.search(rf'm\.attr\("{attr}"\) = (\d+);', binding).group(1)) == const(cname), attr
+
+
+def test_bulk_issuers_match_the_kernel():
+    """dispatch "bulk:W" takes at most one issuing warp per warp of the CTA (BulkRing::kMaxIssuers = kWarps)."""
+    from weave_kernel import megakernel as mk
+
+    config = (CSRC / "config.cuh").read_text()
+    threads = int(re.search(r"\bkThreads = (\d+);", config).group(1))
+    assert "kMaxIssuers = Config::kWarps;" in (CSRC / "bulk_copy.cuh").read_text()
+    assert mk.MAX_BULK_ISSUERS == threads // 32 and 1 <= mk.BULK_ISSUERS <= mk.MAX_BULK_ISSUERS

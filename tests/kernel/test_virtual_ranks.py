@@ -64,8 +64,18 @@ def test_params_ask_for_a_plain_launch_on_virtual_ranks():
     layer.max_tokens, layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 64, 66, 0, 1, 10**9
     x = torch.zeros(10, 256, dtype=torch.bfloat16)
     pol = mk.parse_policy("static:8", layer.num_ctas)
-    for coop in (True, False):
-        layer.cooperative = coop
+    for coop, dispatch, warps in ((True, "threads", 0), (False, "bulk", mk.BULK_ISSUERS), (False, "bulk:3", 3)):
+        layer.cooperative, layer.dispatch = coop, dispatch
         d = layer._params(x, x, x, x, x, x, pol, False)
-        assert d["cooperative"] == int(coop)
+        assert d["cooperative"] == int(coop) and d["dispatch_bulk"] == warps
         assert d["peer_base"] == layer.peer_base.data_ptr()
+
+
+def test_dispatch_mode_is_checked_before_anything_is_built():
+    from weave_sim.placement import contiguous
+
+    for bad in ("dma", "bulk:0", "bulk:13", "bulk:x", "threads:2"):
+        with pytest.raises(ValueError, match="dispatch must be one of"):
+            mk.MoEMegakernel(hidden=256, inter=128, num_experts=8, top_k=2, placement=contiguous(8, 2), max_tokens=64,
+                             virtual=(0, 2), device="cpu", dispatch=bad)
+    assert mk.DISPATCH_MODES == ("threads", "bulk") and mk.dispatch_issuers("bulk:12") == 12

@@ -18,11 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "virtual_worker.py"
 
 
-def test_virtual_ranks_worlds_2_3_4_8():
+@pytest.mark.parametrize("dispatch", ["threads", "bulk"])
+def test_virtual_ranks_worlds_2_3_4_8(dispatch):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run([sys.executable, str(WORKER), "--worlds", "2,3,4,8"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1500)
+    r = subprocess.run([sys.executable, str(WORKER), "--worlds", "2,3,4,8", "--dispatch", dispatch], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=1500)
     print(r.stdout[-20000:])
     print(r.stderr[-5000:], file=sys.stderr)
     assert r.returncode == 0, f"worker failed (rc {r.returncode})"

@@ -77,7 +77,7 @@ def _fake_layer(world=2, rank=0):
     layer.rank, layer.world, layer.top_k, layer.hidden, layer.inter = rank, world, 2, 256, 128
     layer.num_experts, layer.num_local_experts, layer.max_tokens = 8, 8 // world, 64
     layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 132, 0, 3, 10**9
-    layer.cooperative = True
+    layer.cooperative, layer.dispatch = True, "threads"
     return layer
 
 

@@ -7,7 +7,8 @@ same layer (epochs advance, nothing is reset) and compares every rank's output w
 over all ranks' tokens: ||y - y_ref|| / ||y_ref|| <= 1e-2. Every weave call's in-kernel (c*, K*) is compared
 with weave_sim.costmodel.choose on the same counts. Then error paths: a bad expert id, one rank that never
 launches (the others must raise after their timeout, not hang). Prints one line per check and exits 1 on any
-failure. Usage: python tests/kernel/virtual_worker.py [--worlds 2,3,4,8] [--quick]
+failure. Usage: python tests/kernel/virtual_worker.py [--worlds 2,3,4,8] [--quick] [--dispatch threads|bulk]
+(--dispatch bulk: the comm CTAs copy their rows by bulk copies, csrc/bulk_copy.cuh)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from weave_sim.presets import get_model
 TOL = 1e-2
 FAILURES: list[str] = []
 CHOICES = [0, 0]
+DISPATCH = ["threads"]  # how comm CTAs copy rows (MoEMegakernel's `dispatch`), set by --dispatch
 
 
 def log(msg: str) -> None:
@@ -56,7 +58,7 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                          max_tokens=max(max(tokens), 1))
+                          max_tokens=max(max(tokens), 1), dispatch=DISPATCH[0])
     policies = policies or policies_for(vr.num_ctas)
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
@@ -94,7 +96,7 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
                 log(f"  {name} {pol}: {exc}")
                 errs = [float("inf")] * world
                 vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
-                                  placement=pl, max_tokens=vr[0].max_tokens)
+                                  placement=pl, max_tokens=vr[0].max_tokens, dispatch=DISPATCH[0])
             ok = all(e <= TOL for e in errs)
             log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok} "
                 f"rel_err max {max(errs):.2e}")
@@ -133,7 +135,8 @@ def check_errors(world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     H, I, E, k = 256, 128, 4 * world, 2
     pl = contiguous(E, world)
-    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128, timeout_s=0.3)
+    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128, timeout_s=0.3,
+                      dispatch=DISPATCH[0])
     w13s, w2s = zip(*[(a.to(dev), b.to(dev)) for a, b in (make_weights(E // world, H, I) for _ in range(world))])
     xs = [torch.randn(100, H, device=dev).to(torch.bfloat16) for _ in range(world)]
     ids, ws = zip(*[skewed_routing(100, E, k, seed=r) for r in range(world)])
@@ -161,7 +164,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worlds", default="2,3,4,8")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dispatch", default="threads", help="threads, bulk or bulk:W (MoEMegakernel's dispatch)")
     args = ap.parse_args()
+    DISPATCH[0] = args.dispatch
     torch.manual_seed(0)
     worlds = [int(w) for w in args.worlds.split(",")]
     models = ["deepseek-v3", "phi-3.5-moe", "qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b"]
@@ -191,6 +196,7 @@ def main() -> int:
         del vr
         torch.cuda.empty_cache()
     log(f"CHOICE AGREEMENT: {CHOICES[0]}/{CHOICES[1]} (rank, call) pairs: kernel (c*, K*) == weave_sim.costmodel.choose")
+    log(f"dispatch: {DISPATCH[0]}")
     log(f"SUMMARY: {len(FAILURES)} failures in {time.time() - t_start:.0f} s" +
         (": " + "; ".join(FAILURES) if FAILURES else ""))
     return 1 if FAILURES else 0

@@ -81,6 +81,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.num_comm_ctas = get<int32_t>(d, "num_comm_ctas");
   p.policy = get<int32_t>(d, "policy");
   p.timeline_per_cta = get<int32_t>(d, "timeline_per_cta");
+  p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
   p.epoch = get<uint64_t>(d, "epoch");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   const int cooperative = get<int32_t>(d, "cooperative");
@@ -134,6 +135,7 @@ weave::Params calib_sync(const py::dict& d, int num_ctas) {
   p.num_ctas = num_ctas;
   if (d.contains("grid_bar")) p.grid_bar = ptr<uint32_t>(d, "grid_bar");
   if (d.contains("peer_base")) p.peer_base = ptr<const uint64_t>(d, "peer_base");
+  if (d.contains("dispatch_bulk")) p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
   if (p.err == nullptr || p.timeout_ns == 0) throw std::invalid_argument("weave calib: needs err and timeout_ns > 0");
   return p;
 }

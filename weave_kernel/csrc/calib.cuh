@@ -1,6 +1,7 @@
 // Calibration microbenchmark kernels (python -m weave_kernel.calibrate): the megakernel's own pieces timed in
 // isolation, so that weave-sim's hardware profile describes this kernel rather than cuBLAS or a copy engine.
-//   calib_push_kernel    dispatch-style row pushes into peers' symmetric buffers (copy_rows + block flag)
+//   calib_push_kernel    dispatch-style row pushes into peers' symmetric buffers (copy_rows + block flag, or bulk
+//                        copies through the operand stages when sync.dispatch_bulk, as the megakernel's dispatch)
 //   calib_gemm_kernel    expert-grouped GEMM of the megakernel's tiles (run_tiles) claimed from an atomic ticket,
 //                        optionally in K chunks separated by the kernel's grid barrier
 //   calib_claim_kernel   ticket claims, all CTAs at once
@@ -94,6 +95,14 @@ struct CalibTiles {
 }  // namespace calib
 
 __global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const __grid_constant__ CalibPushArgs a) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ BulkRing ring;
+  uint8_t* smem = calib::aligned_smem(smem_raw);
+  if (threadIdx.x == 0) {
+    bulk_ring_init(ring);
+    mbar_init_fence();
+  }
+  __syncthreads();
   if (!calib::meet_ranks(a)) return;
   const Params& p = a.sync;
   const uint64_t t0 = globaltimer_ns();
@@ -103,10 +112,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) calib_push_kernel(const _
     const int dst = (a.rank + 1 + b % a.num_peers) % a.world, j = b / a.num_peers;
     int4* recv = sym<int4>(p, dst, a.off_dst + a.rank * a.slot_bytes);
     const int64_t s0 = static_cast<int64_t>(b) * a.block_rows, d0 = static_cast<int64_t>(j) * a.block_rows;
-    copy_rows(
-        a.block_rows, rc, [&](int m) { return src + (s0 + m) * rc; },
-        [&](int m) { return recv + (d0 + m) * rc; });
-    __syncthreads();
+    auto src_row = [&](int m) { return src + (s0 + m) * rc; };
+    auto dst_row = [&](int m) { return recv + (d0 + m) * rc; };
+    if (p.dispatch_bulk) {
+      if (!bulk_copy_rows_cta(p, ring, smem, a.block_rows, rc * 16, src_row, dst_row)) return;
+    } else {
+      copy_rows(a.block_rows, rc, src_row, dst_row);
+      __syncthreads();
+    }
     if (threadIdx.x == 0) {  // as dispatch_block: the block's rows are visible before its flag
       __threadfence_system();
       st_release_sys_u64(sym<uint64_t>(p, dst, a.off_blk_flag) + a.rank * kCalibMaxBlocks + j, a.epoch);

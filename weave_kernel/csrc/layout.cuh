@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "bulk_copy.cuh"
 #include "choice.cuh"
 #include "config.cuh"
 #include "sync.cuh"
@@ -34,6 +35,7 @@ struct SharedLayout {
   int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
   int g1_tiles;                         // GEMM1 tiles this CTA ran (static / weave; the consumers' leader counts)
   int tl_count;
+  BulkRing ring;                        // dispatch by bulk copies (p.dispatch_bulk): the slots' mbarriers
 };
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -184,15 +184,16 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
   return true;
 }
 
-__device__ __forceinline__ void dispatch_blocks(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
+__device__ __forceinline__ bool dispatch_blocks(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
                                                 int first, int step) {
   const int ND = lv.num_dispatch_blocks();
   for (int i = first; i < ND; i += step) {
     const uint64_t t0 = tl_now(p);
     const RowBlock b = lv.dispatch_block(i);
-    dispatch_block(p, s, tile_slot(smem, 0)->pair, b);
+    if (!dispatch_block(p, s, smem, tile_slot(smem, 0)->pair, b)) return false;
     tl_record(p, s, t0, kRoleComm, kTaskDispatch, b.row0 / Config::kBlockM, b.dst);
   }
+  return true;
 }
 
 // sequential: the combine phase after GEMM1 wrote every block in place.
@@ -217,7 +218,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
   // SW128 tiles need 1024-byte aligned bases whatever the static shared memory before them
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ SharedLayout s;
-  if (threadIdx.x == 0) s.tl_count = 0;
+  if (threadIdx.x == 0) {
+    s.tl_count = 0;
+    bulk_ring_init(s.ring);  // its barriers are fenced by init_pipeline's mbar_init_fence
+  }
   init_pipeline(smem);
   __syncthreads();
   bool ok = routing_phase(p, s);
@@ -227,11 +231,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     const int C = s.num_comm;  // 0 for sequential
     const bool comm = static_cast<int>(blockIdx.x) < C;
     if (seq) {
-      dispatch_blocks(p, s, smem, lv, blockIdx.x, p.num_ctas);
-      ok = grid_barrier(p, 2);
+      ok = dispatch_blocks(p, s, smem, lv, blockIdx.x, p.num_ctas) && grid_barrier(p, 2);
     } else if (comm) {
-      dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
-      if (blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
+      ok = dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
+      if (ok && blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
     }
     // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks. Dispatch never waits on
     // a tile, so joining late cannot deadlock.

@@ -114,7 +114,8 @@ struct Params {
   int32_t max_tokens, recv_cap_rows, max_row_blocks;
   int32_t num_ctas, num_comm_ctas, policy;
   int32_t timeline_per_cta;
-  int32_t pad0;
+  int32_t dispatch_bulk;         // W > 0: dispatch rows by bulk copies through the operand stages, issued by W
+                                 // warps (bulk_copy.cuh); 0: by copy_rows (all threads, 16-byte loads and stores)
   uint64_t epoch;                // >= 1, +1 every call
   uint64_t timeout_ns;
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "bulk_copy.cuh"
 #include "config.cuh"
 #include "gemm.cuh"
 #include "pipeline.cuh"
@@ -71,8 +72,10 @@ __device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow s
 
 // ---- dispatch: push one row piece of this rank's tokens into the owner's receive buffer -----------------
 // The piece lies inside one of the owner's row blocks; its flag is (row block, source) = (row0 / BM, rank).
-// pair: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile).
-__device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s, int* pair, const RowBlock& b) {
+// pair: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile). With p.dispatch_bulk the rows go
+// by bulk copies through the operand stages at `smem` (bulk_copy.cuh); false if one never landed.
+__device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s, uint8_t* smem, int* pair,
+                                               const RowBlock& b) {
   const int H = p.hidden;
   int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
   if (threadIdx.x < b.num_rows) {
@@ -84,16 +87,20 @@ __device__ __forceinline__ void dispatch_block(const Params& p, SharedLayout& s,
   const int4* x = reinterpret_cast<const int4*>(p.x);
   int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
   const int row_chunks = H / 8;
-  copy_rows(
-      b.num_rows, row_chunks,
-      [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; },
-      [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; });
-  __syncthreads();
+  auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
+  auto dst_row = [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; };
+  if (p.dispatch_bulk) {
+    if (!bulk_copy_rows_cta(p, s.ring, smem, b.num_rows, H * 2, src_row, dst_row)) return false;  // ends with a barrier
+  } else {
+    copy_rows(b.num_rows, row_chunks, src_row, dst_row);
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     __threadfence_system();
     st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + (b.row0 / Config::kBlockM) * p.world + p.rank,
                        p.epoch);
   }
+  return true;
 }
 
 // Pair ids (token * top_k + j on the source) and source ranks of a computed block's rows into ts.pair and
