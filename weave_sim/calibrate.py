@@ -154,6 +154,9 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     prof["nvlink"]["peak_gbs"] = max(prof["nvlink"]["push_gbs_by_ctas"].values())
     prof["nvlink"]["note"] = ("Push GB/s per GPU vs comm CTAs, all ranks pushing at once with the kernel's own copy "
                               "code; per CTA count the slowest peer count, made non-decreasing in CTAs.")
+    prof["nvlink"].pop("dispatch", None)
+    if m.get("dispatch", "threads") != "threads":  # the copy code the push points ran (calibrate --dispatch)
+        prof["nvlink"]["dispatch"] = str(m["dispatch"])
     prof["gemm"]["per_sm_tflops_by_rows"] = gemm_curve(m["gemm"])
     prof["gemm"]["note"] = ("Per-SM rate of the kernel's own tiles vs rows per expert: median over compute CTA "
                             "counts of TFLOP/s / CTAs, made non-decreasing in rows.")

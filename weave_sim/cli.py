@@ -74,14 +74,15 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
-    from .validate import kernel_sources_warning, summarize, validate_file
+    from .validate import dispatch_warning, kernel_sources_warning, summarize, validate_file
 
     profile = load_profile(args.profile)
     rows = validate_file(args.results, profile, seed=args.seed,
                          trace_dir=args.out / "traces" if args.traces else None)
-    stale = kernel_sources_warning(json.loads(Path(args.results).read_text()), profile)
-    if stale:
-        print(f"warning: {stale}")
+    bench = json.loads(Path(args.results).read_text())
+    warnings = [w for w in (kernel_sources_warning(bench, profile), dispatch_warning(bench, profile)) if w]
+    for w in warnings:
+        print(f"warning: {w}")
     table = []
     for r in rows:
         for pol, meas in r.measured_ms.items():
@@ -113,7 +114,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     summary = summarize(rows)
     print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
-                                                   "warnings": [stale] if stale else [],
+                                                   "warnings": warnings,
                                                    "configs": [r.to_dict() for r in rows]})
     print(f"wrote {path}")
     return 0

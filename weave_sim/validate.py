@@ -167,6 +167,18 @@ def kernel_sources_warning(bench: dict, profile: HardwareProfile) -> str | None:
             f"its fitted factors describe the other kernel (refit with weave-sim calibrate --fit on a run of this one)")
 
 
+def dispatch_warning(bench: dict, profile: HardwareProfile) -> str | None:
+    """A warning when the benchmark's comm CTAs copied their rows another way (bench --dispatch, recorded in its
+    config) than the push curve of `profile` was measured with (calibrate --dispatch, recorded as nvlink.dispatch;
+    absent = the default all-thread copy); None when they agree."""
+    measured = str((bench.get("config") or {}).get("dispatch", "threads"))
+    curve = str(profile.raw.get("nvlink", {}).get("dispatch", "threads"))
+    if measured.split(":")[0] == curve.split(":")[0]:
+        return None
+    return (f"these results dispatched rows by {measured!r}, profile {profile.name}'s push curve describes "
+            f"{curve!r} copies (calibrate --dispatch {measured}, then weave-sim calibrate on those measurements)")
+
+
 def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> list[ConfigValidation]:
     try:
         data = json.loads(Path(path).read_text())

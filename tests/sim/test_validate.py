@@ -328,3 +328,28 @@ def validate_result_ms(result, prof):
     from weave_sim.validate import validate_result
 
     return validate_result(result, prof).predicted_ms
+
+
+def test_dispatch_mode_mismatch_is_warned(tmp_path, capsys):
+    from pathlib import Path
+
+    """A benchmark that dispatched by bulk copies, validated with a profile whose push curve came from the
+    all-thread copy, gets a warning (printed and in validate.json); calibrate records the mode it measured."""
+    from weave_sim.calibrate import build_profile
+    from weave_sim.engine.testing import simulated_bench_file
+    from weave_sim.profile import profile_from_dict
+    from weave_sim.validate import dispatch_warning
+
+    path = simulated_bench_file(tmp_path / "b.json", PROFILE, 1024, 512)
+    doc = json.loads(path.read_text())
+    assert dispatch_warning(doc, PROFILE) is None
+    doc["config"] = {"dispatch": "bulk"}
+    path.write_text(json.dumps(doc))
+    assert "bulk" in dispatch_warning(doc, PROFILE)
+    assert main(["validate", str(path), "--out", str(tmp_path)]) == 0
+    assert "warning: these results dispatched rows by 'bulk'" in capsys.readouterr().out
+    assert any("bulk" in w for w in json.loads((tmp_path / "validate.json").read_text())["warnings"])
+    meas = json.loads((Path(__file__).resolve().parents[2] / "docs/results/ep2/calib_2xh200_ep2.json").read_text())
+    assert "dispatch" not in build_profile(meas, base="h200")["nvlink"]
+    bulk = profile_from_dict(build_profile({**meas, "dispatch": "bulk:8"}, base="h200"))
+    assert bulk.raw["nvlink"]["dispatch"] == "bulk:8" and dispatch_warning(doc, bulk) is None
