@@ -331,10 +331,10 @@ def validate_result_ms(result, prof):
 
 
 def test_dispatch_mode_mismatch_is_warned(tmp_path, capsys):
-    from pathlib import Path
-
     """A benchmark that dispatched by bulk copies, validated with a profile whose push curve came from the
     all-thread copy, gets a warning (printed and in validate.json); calibrate records the mode it measured."""
+    from pathlib import Path
+
     from weave_sim.calibrate import build_profile
     from weave_sim.engine.testing import simulated_bench_file
     from weave_sim.profile import profile_from_dict
