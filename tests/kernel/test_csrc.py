@@ -54,11 +54,12 @@ def test_tile_experiment_compiles(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_racecheck_repro_compiles(tmp_path):
-    """tests/kernel/racecheck_named_bars.cu (the minimal program behind docs/kernel.md's note on racecheck
-    reports after warp-specialised phases) keeps building, so the finding can be rerun on a new toolkit."""
+@pytest.mark.parametrize("name", ["racecheck_named_bars", "racecheck_mbar_handoff"])
+def test_racecheck_repro_compiles(tmp_path, name):
+    """tests/kernel/racecheck_*.cu (the minimal programs behind docs/kernel.md's notes on racecheck reports in
+    warp-specialised code) keep building, so the findings can be rerun on a new toolkit."""
     r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
-                        str(Path(__file__).with_name("racecheck_named_bars.cu")), "-o", str(tmp_path / "rnb")],
+                        str(Path(__file__).with_name(f"{name}.cu")), "-o", str(tmp_path / name)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
