@@ -18,7 +18,9 @@ TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
 export NPROC=${NPROC:-$(n=$(nvidia-smi -L 2>/dev/null | wc -l); (( n > 8 )) && n=8; (( n < 1 )) && n=1; echo $n)}
 M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
-bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP "$@" \
+# FINAL_DISPATCH (e.g. bulk): every benchmark and the calibration dispatch their rows that way (default: threads)
+DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
+bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
 # FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib, traces_fitted and D). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
@@ -51,7 +53,7 @@ if [ -n "${FINAL_SUSTAINED:-}" ] || want S; then
   BENCH_TIMEOUT=420 bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained ${FINAL_SUSTAINED:-1}
 fi
 if [ -n "${FINAL_CALIB:-}" ] || want calib; then
-  timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate --out $R/calib_$TAG.json \
+  timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate $DISP --out $R/calib_$TAG.json \
     > $R/calib_$TAG.log 2>&1; echo "calib rc $? [${SECONDS}s]"
 fi
 want traces && for m in qwen3-30b-a3b deepseek-v2 phi-3.5-moe; do
