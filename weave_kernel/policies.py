@@ -74,7 +74,7 @@ def parse_policy(spec: str, num_ctas: int) -> LaunchPolicy:
 
 DISPATCH_MODES = ("threads", "bulk")  # "bulk:W" also: W issuing warps (Params::dispatch_bulk, csrc/params.h)
 BULK_ISSUERS = 8                      # "bulk": issuing warps per CTA
-MAX_BULK_ISSUERS = 12                 # weave::BulkRing::kMaxIssuers (the CTA's warps)
+MAX_BULK_ISSUERS = 12                 # weave::kMaxDispatchIssuers (csrc/params.h: the CTA's warps)
 
 
 def dispatch_issuers(dispatch: str) -> int:

@@ -125,10 +125,13 @@ def test_kernel_limits_match_python_checks():
 
 
 def test_bulk_issuers_match_the_kernel():
-    """dispatch "bulk:W" takes at most one issuing warp per warp of the CTA (BulkRing::kMaxIssuers = kWarps)."""
+    """dispatch "bulk:W" takes at most one issuing warp per warp of the CTA (params.h kMaxDispatchIssuers, which
+    bulk_copy.cuh asserts equals config.cuh's warps, and the launcher enforces)."""
     from weave_kernel import megakernel as mk
 
     config = (CSRC / "config.cuh").read_text()
     threads = int(re.search(r"\bkThreads = (\d+);", config).group(1))
-    assert "kMaxIssuers = Config::kWarps;" in (CSRC / "bulk_copy.cuh").read_text()
-    assert mk.MAX_BULK_ISSUERS == threads // 32 and 1 <= mk.BULK_ISSUERS <= mk.MAX_BULK_ISSUERS
+    issuers = int(re.search(r"kMaxDispatchIssuers = (\d+);", PARAMS_H).group(1))
+    assert "kMaxIssuers = kMaxDispatchIssuers;" in (CSRC / "bulk_copy.cuh").read_text()
+    assert "p.dispatch_bulk > weave::kMaxDispatchIssuers" in (CSRC / "binding.cpp").read_text()
+    assert mk.MAX_BULK_ISSUERS == issuers == threads // 32 and 1 <= mk.BULK_ISSUERS <= mk.MAX_BULK_ISSUERS

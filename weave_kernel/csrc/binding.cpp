@@ -89,6 +89,8 @@ void launch(const py::dict& d, uint64_t stream) {
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
   // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)
   if (p.world < 1 || p.world > 8) throw std::invalid_argument("weave launch: world size must be in [1, 8]");
+  if (p.dispatch_bulk < 0 || p.dispatch_bulk > weave::kMaxDispatchIssuers)
+    throw std::invalid_argument("weave launch: dispatch_bulk (issuing warps) must be in [0, kMaxDispatchIssuers]");
   if (p.num_experts > 512 || p.num_experts != p.world * p.num_local_experts)
     throw std::invalid_argument("weave launch: num_experts must equal world * num_local_experts and be <= 512");
   if (p.world * p.num_experts > 2048)

@@ -25,11 +25,12 @@ namespace weave {
 struct BulkRing {
   static constexpr int kMaxSlotBytes = 16384;  // longer rows go in pieces of this size
   static constexpr int kMaxSlots = 48;         // over all issuers
-  static constexpr int kMaxIssuers = Config::kWarps;  // lane 0 of warps [0, issuers) issue, each with its share
+  static constexpr int kMaxIssuers = kMaxDispatchIssuers;  // lane 0 of warps [0, issuers) issue, each its share
   uint64_t bar[kMaxSlots];                     // one arrival (the issuing thread's expect_tx) + the load's bytes
   uint64_t phase[kMaxIssuers];                 // per issuer, bit i: parity of its slot i's next completion
 };
 static_assert(BulkRing::kMaxSlots <= 64, "phase bits");
+static_assert(BulkRing::kMaxIssuers == Config::kWarps, "one issuer per warp at most (params.h kMaxDispatchIssuers)");
 static_assert(Config::kSmemPipe / BulkRing::kMaxIssuers >= BulkRing::kMaxSlotBytes, "every issuer has a slot");
 static_assert(BulkRing::kMaxSlotBytes % 128 == 0, "slot alignment");
 

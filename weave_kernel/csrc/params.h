@@ -71,6 +71,9 @@ static_assert(sizeof(TimelineRecord) == 32, "TimelineRecord must stay 32 bytes (
 static_assert(offsetof(TimelineRecord, sm) == 16, "TimelineRecord layout changed: update timeline.py");
 static_assert(offsetof(TimelineRecord, arg0) == 24, "TimelineRecord layout changed: update timeline.py");
 
+// dispatch by bulk copies: at most one issuing warp per warp of the CTA (bulk_copy.cuh checks it against config.cuh)
+constexpr int32_t kMaxDispatchIssuers = 12;
+
 // ---- everything one launch needs (passed by value as the kernel argument) ------------------------------
 struct Params {
   // inputs and output on this rank
