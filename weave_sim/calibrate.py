@@ -10,10 +10,12 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
      "hbm_gbs": float, "gemm_peak_tflops": float,                             # optional ceilings
      "power": {"limit_w": float, "points": [{"ctas": int, "tflops": float,    # optional: sustained GEMM
                 "sm_mhz": float, "power_w": float}, ...],                     # with clock and board power,
-               "hbm": {"tbs": float, "power_w": float, "sm_mhz": float}}}     # and a sustained HBM copy
+               "hbm": {"tbs": float, "power_w": float, "sm_mhz": float}},     # and a sustained HBM copy
+     "dispatch": "threads" | "bulk" | "bulk:W"}                               # optional: the push points' copy code
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
-not measured and records where every number came from.
+not measured and records where every number came from (a push curve measured with bulk copies as
+nvlink.dispatch; `--gemm-concurrency` adds gemm.scale_by_ctas from the GEMM points).
 """
 from __future__ import annotations
 

@@ -149,3 +149,15 @@ def test_cli_adds_the_curve_when_calibrating_and_fitting(tmp_path, capsys):
                        concurrency_path=meas)
     assert prof["calibration"]["concurrency_from"] == str(meas) and "conc_exp" in prof["calibration"]["params"]
     assert set(prof["gemm"]["scale_by_ctas"]) == {"16", "32", "64", "96", "128", "132"}
+
+
+def test_concurrency_and_power_model_together(layer):
+    """With a power section the engine's clock loop runs over tiles timed by concurrency: it settles, and a board
+    that cannot hold its clock is slower than one that can."""
+    pw = {"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 1.0, "exponent": 2.0}
+    scale = {"1": 1.1, "132": 0.9}
+    cool = simulate_layer(layer, with_scale(scale, power=dict(pw)), "kernel:static:8")
+    hot = simulate_layer(layer, with_scale(scale, power={**pw, "cap_w": 150.0}), "kernel:static:8")
+    assert cool.gemm_clock is not None and hot.gemm_clock is not None
+    assert float(min(hot.gemm_clock)) < float(min(cool.gemm_clock)) <= 1.0
+    assert hot.latency_ns > cool.latency_ns
