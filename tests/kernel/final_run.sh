@@ -43,6 +43,10 @@ if want D; then
     --nproc_per_node=$NPROC tests/kernel/gpu_worker.py --sanitize --dispatch bulk > $R/memcheck_bulk.log 2>&1
   echo "memcheck bulk rc $? [${SECONDS}s]: $(grep -E 'ERROR SUMMARY' $R/memcheck_bulk.log | head -2 | tr '\n' ' ')"
   bench bench_D_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,20 --weave-comm 8 --ab-dispatch --repeats 3
+  for w in 4 12; do  # issuing warps over NVLink (on one GPU 8 and 12 tied, 4 fell short on 4 KB rows)
+    bench bench_D${w}_$TAG --models qwen3-30b-a3b,deepseek-v3 --tokens 4096 --comm 4,8 --weave-comm= --no-sequential \
+      --dispatch bulk:$w --ab-dispatch --repeats 3
+  done
   timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate --dispatch bulk \
     --out $R/calib_bulk_$TAG.json > $R/calib_bulk_$TAG.log 2>&1; echo "calib bulk rc $? [${SECONDS}s]"
 fi
