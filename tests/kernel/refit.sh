@@ -4,7 +4,9 @@
 # expectations, all with the same tag. Usage: bash tests/kernel/refit.sh DIR TAG [POWER_JSON]
 #   DIR: the unpacked results_TAG.tgz (bench_A_TAG.json, bench_B_TAG.json, optional calib_TAG.json)
 #   POWER_JSON: a measurements file with a power block (default: DIR/calib_TAG.json if it has one)
-# Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (+ -power-TAG.json), validate_*/, tables.
+# Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (fixed clock, as the kernel's cost table
+# assumes) + -power-TAG.json (the power model without its board-dependent HBM term), validate_*/, tables; with
+# DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
 # About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
 set -euo pipefail
 DIR=${1:?results folder}; TAG=${2:?tag}; POWER=${3:-}
@@ -20,13 +22,17 @@ if [ -f "$DIR/calib_$TAG.json" ]; then
   fi
 fi
 POL=sequential,static:4,static:8,static:20,static:48
-weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --policies $POL --name h200-megakernel-$TAG \
+weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --no-power --policies $POL --name h200-megakernel-$TAG \
   -o $O/h200-megakernel-$TAG.json | tail -2
 weave-sim validate $B --profile $O/h200-megakernel-$TAG.json --out $O/validate_$TAG | grep -E "^summary|^warning"
 if [ -n "$POWER" ]; then
-  weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --policies $POL \
+  weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --no-hbm-power --policies $POL \
     --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
   weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
+fi
+if [ -f "$DIR/calib_bulk_$TAG.json" ]; then
+  weave-sim calibrate "$DIR/calib_bulk_$TAG.json" --base h200 --name h200-calibrated-bulk-$TAG \
+    -o $O/h200-calibrated-bulk-$TAG.json | tail -1
 fi
 python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
 python3 -m weave_kernel.predict --gpus 2,4,8 --profile $O/h200-megakernel-$TAG.json --weave-grid 8,12,16,20,24,32 \
