@@ -69,7 +69,7 @@ class LayerSim:
             self._flop = (graph.flop_ns * jit).tolist()
             self._hbm = (graph.hbm_ns * jit).tolist()
             self._claims = claims.tolist()
-        self._running = [0] * graph.num_gpus  # GEMM tasks in flight per GPU
+        self._running = [0] * graph.num_gpus  # GEMM tasks in flight per GPU (counted only with the scale)
         self._cls = cls.tolist()
         slot = cls.copy()
         slot[graph.kind == K_COMBINE] = _Q_COMBINE  # combine waits apart from dispatch (compute SMs may join it)
@@ -159,15 +159,11 @@ class LayerSim:
                 if dur[t]:
                     yield env.timeout(dur[t])  # the claim, and a dispatch piece's fence and flag (dag.py)
                 yield fabric.transfer(g, peer[t], nbytes[t])
-            elif cls[t] == C_GEMM:
+            elif cls[t] == C_GEMM and self._conc:
                 self._running[g] += 1
-                if self._conc:
-                    n = min(self._running[g], len(self._hbm_share) - 1)
-                    d = self._claims[t] + round(max(self._flop[t] * self._inv_scale[n],
-                                                    self._hbm[t] * self._hbm_share[n]))
-                else:
-                    d = dur[t]
-                yield env.timeout(d)
+                n = min(self._running[g], len(self._hbm_share) - 1)
+                yield env.timeout(self._claims[t] + round(max(self._flop[t] * self._inv_scale[n],
+                                                              self._hbm[t] * self._hbm_share[n])))
                 self._running[g] -= 1
             else:
                 yield env.timeout(dur[t])
