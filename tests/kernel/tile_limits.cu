@@ -24,12 +24,18 @@
 //   mode 13 mode 8 without the multicast: the same 2-CTA clusters, pairs of row blocks and cross-CTA "empty"
 //           barriers (a stage is refilled once both CTAs released it), but each CTA loads all of its own B (tells
 //           the cost of the pairs' lock-step from the cost of the multicast itself)
-// for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. Modes 0-3 keep a private copy of the old cp.async loader.
+// for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
+// CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
+// Modes 0-3 keep a private copy of the old cp.async loader.
 // Every mode writes each tile's accumulator sums per thread, which must match mode 0 bit for bit; modes 11 and 12
 // must store the same C, every element (poisoned before each run).
 // Standalone, not part of the package:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr \
 //        -I weave_kernel/csrc tests/kernel/tile_limits.cu -o tile_limits && ./tile_limits [K [E rows]]
+#include <dlfcn.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -675,54 +681,62 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
 static TensorMapBytes g_a_map;  // A as [1][E * rows][K] (modes 7 and 8)
 static bf16* g_out;              // C [E * rows][N] (mode 11)
 
+// One launch of MODE's kernel on `ctas` CTAs (asynchronous; errors of the launch itself are returned).
+template <int MODE>
+int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
+           const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
+  if constexpr (MODE >= 7) {
+    auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
+                              MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13>;
+    constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(ctas);
+    cfg.blockDim = dim3(kWsThreads);
+    cfg.dynamicSmemBytes = kWsSmem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    // TL_CLUSTER7=1: mode 7 launched in 2-CTA clusters too (CTAs unpaired): the launch's own cost
+    attr[0].val.clusterDim.x = MODE == 8 || MODE == 13 || (TL_CLUSTER7 && MODE == 7) ? 2 : 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
+  } else if constexpr (MODE == 6) {
+    CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(ctas);
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = L::kSmemDynamic;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (report_clusters) {
+      int clusters = 0;
+      CK(cudaOccupancyMaxActiveClusters(&clusters, tiles_kernel_mc, &cfg));
+      std::printf("mode 6: %d 2-CTA clusters can be co-resident\n", clusters);
+    }
+    CK(cudaLaunchKernelEx(&cfg, tiles_kernel_mc, a, sink, E, rows, N, K, t, p, b_map));
+  } else {
+    auto fn = tiles_kernel<MODE>;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
+    fn<<<ctas, 256, L::kSmemDynamic>>>(a, b, sink, E, rows, N, K, t, p, b_map);
+  }
+  CK(cudaGetLastError());
+  return 0;
+}
+
 template <int MODE>
 int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
         const Params& p, const TensorMapBytes& b_map, double* tflops_per_sm) {
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
-    if constexpr (MODE >= 7) {
-      auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
-                                MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13>;
-      constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
-      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(ctas);
-      cfg.blockDim = dim3(kWsThreads);
-      cfg.dynamicSmemBytes = kWsSmem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      // TL_CLUSTER7=1: mode 7 launched in 2-CTA clusters too (CTAs unpaired): the launch's own cost
-      attr[0].val.clusterDim.x = MODE == 8 || MODE == 13 || (TL_CLUSTER7 && MODE == 7) ? 2 : 1;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
-    } else if constexpr (MODE == 6) {
-      CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(ctas);
-      cfg.blockDim = dim3(256);
-      cfg.dynamicSmemBytes = L::kSmemDynamic;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 2;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      if (rep == 0) {
-        int clusters = 0;
-        CK(cudaOccupancyMaxActiveClusters(&clusters, tiles_kernel_mc, &cfg));
-        std::printf("mode 6: %d 2-CTA clusters can be co-resident\n", clusters);
-      }
-      CK(cudaLaunchKernelEx(&cfg, tiles_kernel_mc, a, sink, E, rows, N, K, t, p, b_map));
-    } else {
-      auto fn = tiles_kernel<MODE>;
-      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
-      fn<<<ctas, 256, L::kSmemDynamic>>>(a, b, sink, E, rows, N, K, t, p, b_map);
-    }
-    CK(cudaGetLastError());
+    if (launch<MODE>(ctas, a, b, sink, t, E, rows, N, K, p, b_map, rep == 0)) return 1;
     CK(cudaDeviceSynchronize());
     int err[4];
     CK(cudaMemcpy(err, p.err, sizeof(err), cudaMemcpyDeviceToHost));
@@ -742,6 +756,83 @@ int run(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long*
   const double flop = 2.0 * E * rows * static_cast<double>(N) * K;
   *tflops_per_sm = flop / (best * 1e-9) / 1e12 / ctas;
   return 0;
+}
+
+// ---- sustained runs (TL_SUSTAIN=S seconds): the tile's rate at the board's power limit ----------------------
+// NVML through dlopen (no header, no link-time dependency): SM clock and board power while the mode runs.
+struct Nvml {
+  void* dev = nullptr;
+  int (*clock)(void*, int, unsigned*) = nullptr;  // nvmlDeviceGetClockInfo(dev, NVML_CLOCK_SM = 1, &mhz)
+  int (*power)(void*, unsigned*) = nullptr;       // nvmlDeviceGetPowerUsage(dev, &milliwatts)
+  bool ok() const { return dev && clock && power; }
+  void sample(double* mhz, double* watts) const {
+    unsigned c = 0, w = 0;
+    *mhz = ok() && clock(dev, 1, &c) == 0 ? c : -1.0;
+    *watts = ok() && power(dev, &w) == 0 ? w / 1000.0 : -1.0;
+  }
+};
+
+static Nvml open_nvml() {
+  Nvml n;
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  if (!lib) return n;
+  auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+  auto by_index = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  n.clock = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+  n.power = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+  int dev = 0;
+  cudaGetDevice(&dev);  // NVML's index order can differ from CUDA's; one visible GPU is assumed
+  if (!init || !by_index || init() != 0 || by_index(static_cast<unsigned>(dev), &n.dev) != 0) n.dev = nullptr;
+  return n;
+}
+
+struct Sustained {
+  double tflops = 0, mhz = 0, watts = 0;
+};
+
+// 1.5 s idle, then back-to-back launches for `seconds`, in batches of 8 with a sync (and an NVML sample) after
+// each; the second half is timed. The pause before each mode gives every mode the same thermal start.
+template <int MODE>
+int sustain(double seconds, int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E,
+            int rows, int N, int K, const Params& p, const TensorMapBytes& b_map, const Nvml& nvml, Sustained* out) {
+  CK(cudaDeviceSynchronize());
+  usleep(1500000);
+  const double flop = 2.0 * E * rows * static_cast<double>(N) * K;
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  const double t_start = now();
+  double t_half = -1, mhz_sum = 0, w_sum = 0;
+  long calls_half = 0, samples = 0;
+  for (;;) {
+    for (int i = 0; i < 8; ++i)
+      if (launch<MODE>(ctas, a, b, sink, t, E, rows, N, K, p, b_map, false)) return 1;
+    CK(cudaDeviceSynchronize());
+    const double tn = now();
+    if (t_half < 0 && tn - t_start >= seconds / 2) t_half = tn;  // the timed half starts after this batch
+    else if (t_half >= 0) {
+      calls_half += 8;
+      double m, w;
+      nvml.sample(&m, &w);
+      mhz_sum += m;
+      w_sum += w;
+      ++samples;
+    }
+    if (tn - t_start >= seconds) {
+      int err[4];
+      CK(cudaMemcpy(err, p.err, sizeof(err), cudaMemcpyDeviceToHost));
+      if (err[0] != 0) {
+        std::printf("mode %d (sustained): kernel error %d\n", MODE, err[0]);
+        return 1;
+      }
+      out->tflops = calls_half * flop / (tn - t_half) / 1e12;
+      out->mhz = samples ? mhz_sum / samples : -1;
+      out->watts = samples ? w_sum / samples : -1;
+      return 0;
+    }
+  }
 }
 
 int main(int argc, char** argv) {
@@ -840,5 +931,40 @@ int main(int argc, char** argv) {
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
   for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+
+  // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
+  const char* sus = std::getenv("TL_SUSTAIN");
+  const double seconds = sus ? std::atof(sus) : 0.0;
+  if (seconds > 0) {
+    const Nvml nvml = open_nvml();
+    if (!nvml.ok()) std::printf("NVML not available: no clock or power readings\n");
+    const char* ms = std::getenv("TL_SUSTAIN_MODES");
+    std::vector<int> modes;
+    for (const char* c = ms ? ms : "7,10,11,13,8"; *c;) {
+      char* end;
+      const long m = std::strtol(c, &end, 10);
+      if (end == c) break;
+      modes.push_back(static_cast<int>(m));
+      c = *end == ',' ? end + 1 : end;
+    }
+    std::printf("sustained, 132 CTAs, %.1f s per mode (second half timed; 1.5 s idle before each)\n", seconds);
+    std::printf("%-30s %9s %9s %7s %11s %14s\n", "mode", "TFLOP/s", "per SM", "SM MHz", "board W", "TFLOP/s per W");
+    for (int m : modes) {
+      Sustained o;
+      int rc;
+      switch (m) {
+        case 4: rc = sustain<4>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 7: rc = sustain<7>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 8: rc = sustain<8>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 10: rc = sustain<10>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 11: rc = sustain<11>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 13: rc = sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13)\n", m); return 1;
+      }
+      if (rc) return 1;
+      std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
+                  o.watts > 0 ? o.tflops / o.watts : -1.0);
+    }
+  }
   return 0;
 }
