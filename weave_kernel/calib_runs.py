@@ -15,8 +15,8 @@ from .build import load_extension
 from .policies import dispatch_issuers
 from .gpu_state import GpuStateSampler, power_limit_w, sustained_ms
 from .symm import SymmetricBuffer, cuda_time_ms, init_ranks
-from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TIMEOUT_NS, Plan, assemble, driver_version,
-                        experts_for, span_ns, today_utc, useful_tflops)
+from .calibrate import (BLOCK_ROWS, GEMM_K, GEMM_N, ROW_BYTES, TILE_N, TIMEOUT_NS, Plan, assemble,
+                        driver_version, experts_for, span_ns, today_utc, useful_tflops)
 
 # symmetric buffer layout, bytes (identical on every rank)
 OFF_START = 0          # u64 [world]: push start flags (epoch)
@@ -216,6 +216,38 @@ class Bench:
         self.log("chunks: " + ", ".join(f"K={p['chunks']}: {p['time_ns'] / 1e3:.1f} us" for p in chunks))
         return gemm, chunks
 
+    def gemm_by_k(self, plan: Plan) -> list[dict]:
+        """The GEMM tile at each K of plan.k_values, plan.k_rows rows per expert, on plan.k_ctas CTAs: per point
+        the time per tile (call time x CTAs / tiles, mean over ranks). Outputs checked against torch once per K."""
+        points = []
+        ctas = min(plan.k_ctas, self.num_sms)
+        for rows in plan.k_rows:
+            e = experts_for(rows, plan.k_tiles)
+            tiles = e * -(-rows // BLOCK_ROWS) * (GEMM_N // TILE_N)
+            for k in plan.k_values:
+                b = torch.randn(e, GEMM_N, k, device=self.dev, dtype=torch.bfloat16) * k ** -0.5
+                a = torch.randn(e * rows, k, device=self.dev, dtype=torch.bfloat16)
+                c = torch.empty(e * rows, GEMM_N, device=self.dev, dtype=torch.bfloat16)
+                tickets = torch.zeros(8, dtype=torch.int32, device=self.dev)
+                grid_bar = torch.zeros(2, dtype=torch.int32, device=self.dev)
+                params = {**self.sync_params(), "a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(),
+                          "tickets": tickets.data_ptr(), "grid_bar": grid_bar.data_ptr(), "num_experts": e,
+                          "rows_per_expert": rows, "n": GEMM_N, "k": k, "num_chunks": 1}
+                what = f"gemm K={k} ({e} experts x {rows} rows, {ctas} CTAs)"
+                fn = lambda: self.ext.calib_gemm(params, ctas, self.stream)  # noqa: E731
+                ms = self.time_ms(fn, plan.repeats, what)
+                c.fill_(float("nan"))  # poisoned: the check sees one more call's outputs, every element
+                fn()
+                self.check(what)
+                self.verify_gemm(a, b, c, e, rows, what)
+                tile_us = statistics.mean(self.gather(ms * 1e3 * ctas / tiles))
+                points.append({"k": k, "ctas": ctas, "rows_per_expert": rows, "experts": e, "tiles": tiles,
+                               "tile_us": round(tile_us, 3)})
+                del a, b, c
+            self.log(f"tile us by K ({rows} rows/expert, {ctas} CTAs): " + ", ".join(
+                f"{p['k']}: {p['tile_us']:.2f}" for p in points if p["rows_per_expert"] == rows))
+        return points
+
     def power(self, plan: Plan) -> dict | None:
         """Sustained GEMM (2048 rows per expert) at plan.power_ctas, then a sustained 1 GiB device copy, with this
         rank's SM clock and board power, every rank at once; per point the rank that drew the most power. None if
@@ -331,6 +363,7 @@ class Bench:
                  f"task claim {claim:.0f} ns ({self.num_sms} CTAs), {claim_one:.0f} ns (1 CTA)")
         push = self.push(plan)
         gemm, chunks = self.gemm_and_chunks(plan)
+        by_k = self.gemm_by_k(plan) if plan.k_values else []
         hbm = self.hbm_gbs(plan)
         power = self.power(plan)
         header = {"gpu_name": torch.cuda.get_device_name(self.dev), "driver": driver_version(torch),
@@ -345,9 +378,10 @@ class Bench:
                        "chunk_experts": plan.chunk_experts, "chunk_rows": plan.chunk_rows,
                        "claims_per_cta": plan.claims_per_cta, "signal_rounds": plan.signal_rounds,
                        "hbm_bytes": plan.hbm_bytes, "repeats": plan.repeats, "power_ctas": list(plan.power_ctas),
-                       "power_sustain_s": plan.power_sustain_s},
+                       "power_sustain_s": plan.power_sustain_s, "k_values": list(plan.k_values),
+                       "k_rows": list(plan.k_rows), "k_ctas": plan.k_ctas, "k_tiles": plan.k_tiles},
             "failed_checks": [m for ms in self.gather(self.failed_checks) for m in ms],
             "wall_s": round(time.time() - self.t_start, 1),
         }
         return assemble(header, push, gemm, chunks, task_claim_ns=claim, signal_ns=signal, hbm_gbs=hbm, power=power,
-                        extra=extra)
+                        extra=extra, gemm_by_k=by_k)

@@ -66,15 +66,22 @@ class Plan:
     repeats: int
     power_ctas: tuple[int, ...] = ()  # sustained GEMM runs with clock and power (0 = all SMs); () = none
     power_sustain_s: float = 3.0
+    # tiles timed at several K (gemm_by_k: a tile's fixed cost, weave_sim's gemm.k_fixed), on few CTAs (no
+    # contention, no clock drop) so that tile time = fixed + per-K time is read off cleanly; () = none
+    k_values: tuple[int, ...] = ()
+    k_rows: tuple[int, ...] = ()
+    k_ctas: int = 16
+    k_tiles: int = 1024
 
 
 FULL = Plan(push_ctas=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), push_blocks=192,
             gemm_rows=(16, 32, 64, 128, 256, 512, 1024, 2048), gemm_ctas=(16, 32, 64, 96, 128, 0), gemm_tiles=2048,
             chunk_counts=(1, 2, 4, 8), chunk_experts=16, chunk_rows=1024, claims_per_cta=2000, signal_rounds=2000,
-            hbm_bytes=1 << 30, repeats=5, power_ctas=(16, 33, 66, 99, 0))
+            hbm_bytes=1 << 30, repeats=5, power_ctas=(16, 33, 66, 99, 0),
+            k_values=(512, 1024, 2048, 4096, 7168), k_rows=(2048, 256))
 QUICK = Plan(push_ctas=(1, 8, 32), push_blocks=32, gemm_rows=(64, 512), gemm_ctas=(32, 0), gemm_tiles=256,
              chunk_counts=(1, 2), chunk_experts=4, chunk_rows=256, claims_per_cta=200, signal_rounds=200,
-             hbm_bytes=1 << 28, repeats=2)
+             hbm_bytes=1 << 28, repeats=2, k_values=(256, 512, 1024), k_rows=(256,), k_ctas=8, k_tiles=64)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -144,12 +151,16 @@ def driver_version(torch) -> str:
 
 
 def assemble(header: dict, push: list[dict], gemm: list[dict], chunks: list[dict], *, task_claim_ns: float,
-             signal_ns: float, hbm_gbs: float, power: dict | None = None, extra: dict | None = None) -> dict:
+             signal_ns: float, hbm_gbs: float, power: dict | None = None, extra: dict | None = None,
+             gemm_by_k: list[dict] | None = None) -> dict:
     """The measurements JSON (weave_sim/calibrate.py's format); push is left out when empty (one GPU)."""
     m = dict(header)
     if push:
         m["nvlink_push"] = push
     m["gemm"] = gemm
+    if gemm_by_k:
+        m["gemm_by_k"] = gemm_by_k
+        m["gemm_k"] = GEMM_K  # the K of the "gemm" points, against which the tile's fixed share is stated
     m["chunks"] = chunks
     m["task_claim_ns"] = round(task_claim_ns, 1)
     m["signal_ns"] = round(signal_ns, 1)
@@ -185,6 +196,22 @@ def format_summary(m: dict) -> str:
         per_sm = statistics.median(row[c] / c for c in row)
         lines.append(f"  {r:>6} rows{'':33}" + "".join(f"{row.get(c, float('nan')):>8.1f}" for c in ctas)
                      + f"{per_sm:>8.2f}")
+    if m.get("gemm_by_k"):
+        from weave_sim.calibrate import CalibrationError, gemm_k_fixed
+
+        ks = sorted({p["k"] for p in m["gemm_by_k"]})
+        lines.append("tile us by K (" + ", ".join(sorted({f"{p['rows_per_expert']} rows, {p['ctas']} CTAs"
+                                                          for p in m["gemm_by_k"]})) + ")  "
+                     + "".join(f"{f'K={k}':>9}" for k in ks))
+        for key in sorted({(p["rows_per_expert"], p["ctas"]) for p in m["gemm_by_k"]}, reverse=True):
+            row = {p["k"]: p["tile_us"] for p in m["gemm_by_k"] if (p["rows_per_expert"], p["ctas"]) == key}
+            lines.append(f"  {key[0]:>6} rows{'':30}" + "".join(f"{row.get(k, float('nan')):>9.2f}" for k in ks))
+        try:
+            kf = gemm_k_fixed(m)
+            lines.append(f"  fixed {kf['fixed_us']:.2f} us per tile + {kf['us_per_k'] * 1e3:.2f} us per 1k K: "
+                         f"{100 * kf['share']:.1f}% of a tile at K={kf['k']}")
+        except CalibrationError as exc:
+            lines.append(f"  no fixed share: {exc}")
     t1 = next(p["time_ns"] for p in m["chunks"] if p["chunks"] == 1)
     lines.append("chunks K: time us (eff) " + ", ".join(
         f"{p['chunks']}: {p['time_ns'] / 1e3:.1f} ({min(1.0, t1 / p['time_ns']):.3f})" for p in m["chunks"]))

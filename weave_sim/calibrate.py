@@ -15,7 +15,9 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
 not measured and records where every number came from (a push curve measured with bulk copies as
-nvlink.dispatch; `--gemm-concurrency` adds gemm.scale_by_ctas from the GEMM points).
+nvlink.dispatch; `--gemm-concurrency` adds gemm.scale_by_ctas from the GEMM points, `--gemm-k` gemm.k_fixed from
+tiles timed at several K: "gemm_by_k": [{"k", "ctas", "rows_per_expert", "tile_us"}, ...] with "gemm_k", the K of
+the "gemm" points).
 """
 from __future__ import annotations
 
@@ -92,6 +94,45 @@ def gemm_concurrency_curve(points: list[dict], min_rows: int = 1024) -> dict[str
     return {str(n): round(float(x), 6) for n, x in zip(ctas, scale)}
 
 
+K_FIXED_NOTE = (" k_fixed: the share of a tile's time at K = k (the K of the rate above) that does not grow with K "
+                "(claim, pipeline fill, epilogue), from tiles timed at several K; the engine charges a tile of K "
+                "(share k / K + 1 - share) times its FLOPs at the rate above.")
+
+
+def gemm_k_fixed(measurements: dict) -> dict:
+    """gemm.k_fixed from tiles timed at several K ("gemm_by_k": [{"k", "ctas", "rows_per_expert", "tile_us"}],
+    python -m weave_kernel.calibrate or tests/kernel/tile_k_probe.py) and the K of the measurements' GEMM curve
+    ("gemm_k"): per (rows, CTAs) with at least three K values a least-squares line tile_us = a + b K, taken at the
+    fewest CTAs measured (no contention, no tail: the cleanest lines); share = a / (a + b gemm_k), the median over
+    rows values, a clipped at 0."""
+    pts = measurements.get("gemm_by_k") or []
+    k_cal = measurements.get("gemm_k")
+    if not pts or not k_cal:
+        raise CalibrationError("gemm_by_k needs tiles timed at several K and the GEMM curve's K (gemm_k)")
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for p in pts:
+        k, t = float(p["k"]), float(p["tile_us"])
+        if not (k > 0 and t > 0):
+            raise CalibrationError(f"bad gemm_by_k point {p}")
+        groups.setdefault((int(p["rows_per_expert"]), int(p["ctas"])), []).append((k, t))
+    groups = {g: v for g, v in groups.items() if len({k for k, _ in v}) >= 3}
+    if not groups:
+        raise CalibrationError("gemm_by_k: no (rows, CTAs) group with tiles at three or more K")
+    fewest = min(c for _, c in groups)
+    fits = []
+    for (rows, ctas), v in sorted(groups.items()):
+        if ctas != fewest:
+            continue
+        b, a = np.polyfit([k for k, _ in v], [t for _, t in v], 1)
+        if not b > 0:
+            raise CalibrationError(f"gemm_by_k: tile time does not grow with K at {rows} rows, {ctas} CTAs")
+        a = max(float(a), 0.0)
+        fits.append((a, float(b), a / (a + b * float(k_cal))))
+    share = float(np.median([f[2] for f in fits]))
+    return {"share": round(share, 4), "k": int(k_cal), "fixed_us": round(float(np.median([f[0] for f in fits])), 3),
+            "us_per_k": round(float(np.median([f[1] for f in fits])), 6), "ctas": fewest}
+
+
 def chunk_efficiency(points: list[dict]) -> dict[str, float]:
     """eff(K) = time(K=1) / time(K), capped at 1 (chunking never counts as a speedup of the GEMMs)."""
     times = {int(p["chunks"]): float(p["time_ns"]) for p in points}
@@ -138,9 +179,10 @@ def power_model(power: dict) -> dict:
 
 
 def build_profile(measurements: dict, base: str = "h200", name: str | None = None,
-                  concurrency: bool = False) -> dict:
+                  concurrency: bool = False, k_fixed_from: dict | None = None) -> dict:
     """A profile dictionary from measurements, falling back to `base` for what was not measured.
-    concurrency: also the GEMM rate's dependence on the number of computing SMs (gemm.scale_by_ctas)."""
+    concurrency: also the GEMM rate's dependence on the number of computing SMs (gemm.scale_by_ctas).
+    k_fixed_from: measurements with tiles timed at several K (gemm_k_fixed) for gemm.k_fixed."""
     missing = [k for k in REQUIRED if k not in measurements]
     if missing:
         raise CalibrationError(f"measurements lack {missing}")
@@ -163,6 +205,11 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     prof["gemm"]["note"] = ("Per-SM rate of the kernel's own tiles vs rows per expert: median over compute CTA "
                             "counts of TFLOP/s / CTAs, made non-decreasing in rows.")
     prof["gemm"].pop("scale_by_ctas", None)
+    prof["gemm"].pop("k_fixed", None)
+    if k_fixed_from is not None:
+        prof["gemm"]["k_fixed"] = gemm_k_fixed(k_fixed_from)
+        prof["gemm"]["note"] += K_FIXED_NOTE
+        measured.append("gemm fixed cost per tile")
     conc = gemm_concurrency_curve(m["gemm"]) if concurrency else None
     if conc:
         prof["gemm"]["scale_by_ctas"] = conc
@@ -195,8 +242,9 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
 
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
                    power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
-                   concurrency: bool = False) -> dict:
-    """measurements -> profile JSON; power_path: take the "power" block from that measurements file instead
+                   concurrency: bool = False, k_fixed_path: Path | str | None = None) -> dict:
+    """measurements -> profile JSON; k_fixed_path: gemm.k_fixed from this file's gemm_by_k ("-": from the
+    measurements themselves); power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
     differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile)."""
@@ -217,7 +265,8 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
                                                   f"commit {str(pm.get('commit', '?'))[:12]})"}}
     if not power:
         m = {k: v for k, v in m.items() if k != "power"}
-    prof = build_profile(m, base=base, name=name, concurrency=concurrency)
+    kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read(k_fixed_path))
+    prof = build_profile(m, base=base, name=name, concurrency=concurrency, k_fixed_from=kf)
     if not power:
         prof.pop("power", None)  # nor the base's
     elif not hbm_power and "power" in prof:
@@ -348,7 +397,7 @@ def bench_kernel_sources(bench: dict) -> str | None:
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1,
-                concurrency_path: Path | None = None) -> dict:
+                concurrency_path: Path | None = None, k_fixed_path: Path | None = None) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -360,7 +409,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     hbm_power=False: drop the power model's HBM term (w_per_tbs; board-dependent, docs/power.md). workers:
     processes that simulate the points (FitPool; 0 = one per CPU); the fit is the same for any number.
     concurrency_path: a measurements file whose GEMM points give the base a gemm.scale_by_ctas
-    (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it)."""
+    (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it). k_fixed_path: a file with tiles timed at
+    several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -395,6 +445,13 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
             raise CalibrationError(f"{concurrency_path}: no GEMM points at two CTA counts for a concurrency curve")
         base_raw["gemm"]["scale_by_ctas"] = curve
         base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + CONCURRENCY_NOTE
+    if k_fixed_path is not None:
+        try:
+            km = json.loads(Path(k_fixed_path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"cannot read measurements {k_fixed_path}: {exc}") from None
+        base_raw["gemm"]["k_fixed"] = gemm_k_fixed(km)
+        base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + K_FIXED_NOTE
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
@@ -439,10 +496,14 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (f", concurrency factor ^ {x['conc_exp']:.2f}" if "conc_exp" in x else "")
                       + (", GEMM rate by computing SMs (gemm.scale_by_ctas)"
                          if "scale_by_ctas" in base_raw["gemm"] else "")
+                      + (", tile time by K (gemm.k_fixed share "
+                         f"{base_raw['gemm']['k_fixed']['share']:.3f} at K {base_raw['gemm']['k_fixed']['k']})"
+                         if "k_fixed" in base_raw["gemm"] else "")
                       + (", SM clock from the power model" if "power" in base_raw else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
                            **({} if concurrency_path is None else {"concurrency_from": str(concurrency_path)}),
+                           **({} if k_fixed_path is None else {"k_fixed_from": str(k_fixed_path)}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

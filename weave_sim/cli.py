@@ -147,18 +147,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("--gemm-concurrency takes a file only with --fit (else the curve comes from the measurements)")
     if args.fit is not None and args.gemm_concurrency == "-":
         raise ValueError("with --fit, --gemm-concurrency needs the measurements file to take the curve from")
+    if args.fit is not None and args.gemm_k == "-":
+        raise ValueError("with --fit, --gemm-k needs the file with the tiles timed at several K")
     if args.fit is not None:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
-                           workers=args.workers, concurrency_path=args.gemm_concurrency, **kw)
+                           workers=args.workers, concurrency_path=args.gemm_concurrency, k_fixed_path=args.gemm_k,
+                           **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
                               power=not args.no_power, hbm_power=not args.no_hbm_power,
-                              concurrency=args.gemm_concurrency is not None)
+                              concurrency=args.gemm_concurrency is not None, k_fixed_path=args.gemm_k)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -200,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the GEMM points of >= 1024 rows per expert; with --fit: of this measurements file, added to "
                         "the base before fitting); the engine then times each tile by the SMs running tiles when it "
                         "starts")
+    p.add_argument("--gemm-k", nargs="?", const="-", default=None, metavar="MEASUREMENTS",
+                   help="also a tile's fixed cost, the part of its time that does not grow with K (gemm.k_fixed, "
+                        "from tiles timed at several K: the measurements' gemm_by_k, or this file's, e.g. "
+                        "tests/kernel/tile_k_probe.py's; with --fit the file is required and goes into the base)")
     p.add_argument("--fit", type=Path, default=None, help="fit GEMM rate, push rate and fixed cost to a kernel bench JSON")
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "

@@ -102,6 +102,10 @@ class HardwareProfile:
     # relative to per_sm_tflops_by_rows; None = the rate does not depend on n.
     gemm_scale_ctas: np.ndarray | None = None
     gemm_scale: np.ndarray | None = None
+    # Optional (gemm.k_fixed): the share of a calibration tile's time that does not grow with the tile's K (claim,
+    # pipeline fill, epilogue), and the K the GEMM curve was measured at; share 0 = time proportional to FLOPs.
+    gemm_k_fixed_share: float = 0.0
+    gemm_k_cal: float = 0.0
 
     # --- curves -------------------------------------------------------------------------------
     def bandwidth_gbs(self, num_comm_ctas) -> np.ndarray:
@@ -122,6 +126,15 @@ class HardwareProfile:
         if self.gemm_scale is None:
             return np.ones_like(n) if n.ndim else 1.0
         return np.interp(n, self.gemm_scale_ctas, self.gemm_scale)
+
+    def k_factor(self, k_dim: float) -> float:
+        """Factor on a GEMM tile's FLOPs / rate time when its reduction length is k_dim: the calibrated tile
+        (K = gemm_k_cal) takes t = fixed + m K with fixed = share * t, so a tile of K takes
+        t (share K_cal / K + 1 - share) per FLOP-time of the calibrated rate. 1 without gemm.k_fixed."""
+        if self.gemm_k_fixed_share <= 0.0 or k_dim <= 0:
+            return 1.0
+        f = self.gemm_k_fixed_share
+        return f * self.gemm_k_cal / float(k_dim) + 1.0 - f
 
     def tflops(self, num_compute_sms, rows_per_expert) -> np.ndarray:
         """GEMM TFLOP/s of `num_compute_sms` SMs, never above the chip's peak."""
@@ -178,6 +191,12 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     if "scale_by_ctas" in gm:
         scale_ctas, scale = _table(gm["scale_by_ctas"], "gemm.scale_by_ctas", need)
         need(np.all(scale > 0), "gemm.scale_by_ctas: factors must be > 0")
+    k_share = k_cal = 0.0
+    if "k_fixed" in gm:
+        kf = gm["k_fixed"]
+        need(isinstance(kf, dict) and {"share", "k"} <= set(kf), "gemm.k_fixed needs 'share' and 'k'")
+        k_share, k_cal = float(kf["share"]), float(kf["k"])
+        need(0.0 <= k_share < 1.0 and k_cal > 0, "gemm.k_fixed: share must lie in [0, 1) and k be > 0")
     eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
@@ -203,7 +222,7 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=float(gm["peak_tflops"]),
         tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
         hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, power=power,
-        raw=data, gemm_scale_ctas=scale_ctas, gemm_scale=scale,
+        raw=data, gemm_scale_ctas=scale_ctas, gemm_scale=scale, gemm_k_fixed_share=k_share, gemm_k_cal=k_cal,
     )
 
 

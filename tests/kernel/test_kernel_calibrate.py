@@ -41,8 +41,10 @@ def synthetic(plan: cal.Plan = cal.FULL, world: int = 2) -> dict:
                         "power_w": min(700.0, 130.0 + 1.3 * 4.5 * ctas * f ** 2.7), "event_reasons": []})
         power = {"limit_w": 700.0, "rows_per_expert": 2048, "sustain_s": plan.power_sustain_s, "points": pts,
                  "hbm": {"tbs": 4.2, "power_w": 480.0, "sm_mhz": 1980.0, "event_reasons": []}}
+    by_k = [{"k": k, "ctas": plan.k_ctas, "rows_per_expert": r, "experts": 4, "tiles": plan.k_tiles,
+             "tile_us": 3.0 + 0.009 * k} for r in plan.k_rows for k in plan.k_values]
     return cal.assemble(HEADER, push, gemm, chunks, task_claim_ns=412.3, signal_ns=1234.5, hbm_gbs=4100.0,
-                        power=power, extra={"world": world})
+                        power=power, extra={"world": world}, gemm_by_k=by_k)
 
 
 def test_synthetic_run_makes_a_valid_profile():
@@ -60,6 +62,18 @@ def test_synthetic_run_makes_a_valid_profile():
     assert "sustained gemm" in text and "HBM copy 4.20 TB/s" in text
     assert p.power is not None and p.power.cap_w == 700.0
     assert p.power.w_per_tbs == pytest.approx((480.0 - p.power.base_w) / 4.2, rel=1e-3)
+
+
+def test_tiles_at_several_k_give_the_fixed_share():
+    """The plan's K sweep lands in the measurements as gemm_by_k with the curve's K; weave-sim calibrate --gemm-k
+    turns it into gemm.k_fixed (tile = 3 us + 9 ns per K here: 3 / (3 + 0.009 x 2048) at K 2048)."""
+    for plan in (cal.FULL, cal.QUICK):
+        m = json.loads(json.dumps(synthetic(plan)))
+        assert m["gemm_k"] == cal.GEMM_K and len(m["gemm_by_k"]) == len(plan.k_values) * len(plan.k_rows)
+        prof = profile_from_dict(build_profile(m, base="h200", k_fixed_from=m))
+        assert prof.gemm_k_fixed_share == pytest.approx(3.0 / (3.0 + 0.009 * cal.GEMM_K), abs=1e-4)
+        assert "fixed 3.00 us per tile" in cal.format_summary(m)
+    assert min(cal.FULL.k_values) < cal.GEMM_K < max(cal.FULL.k_values)
 
 
 def test_quick_plan_is_also_a_valid_profile():

@@ -298,7 +298,10 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         flops = 2.0 * rb_cost_rows[own] * k_dim * out_mult * cols
         # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
         weight_bytes = 2.0 * k_dim * out_mult * cols / rb_blocks[own]
-        flop_ns, hbm_ns = flops / rb_rate[own], weight_bytes / per_sm_hbm_gbs
+        # A tile's fixed cost (profile gemm.k_fixed) makes short-K tiles slower per FLOP than the calibrated
+        # K, long-K tiles faster; the factor is 1 without it.
+        flop_ns = flops / rb_rate[own] * profile.k_factor(k_dim)
+        hbm_ns = weight_bytes / per_sm_hbm_gbs
         ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(np.maximum(flop_ns, hbm_ns)).astype(np.int64),
                     tiles=-(-cols // tile_cols), flops=flops, prio=rb_prio[own] + (kind == K_GEMM0),
                     chunk=rb_chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns)
