@@ -5,7 +5,8 @@
 #   DIR: the unpacked results_TAG.tgz (bench_A_TAG.json, bench_B_TAG.json, optional calib_TAG.json)
 #   POWER_JSON: a measurements file with a power block (default: DIR/calib_TAG.json if it has one)
 # Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (fixed clock, as the kernel's cost table
-# assumes) + -power-TAG.json (the power model without its board-dependent HBM term), validate_*/, tables; with
+# assumes) + -power-TAG.json (the power model without its board-dependent HBM term; with the tiles' fixed cost by K when
+# the calibration measured it, gemm_by_k), validate_*/, tables; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
 # About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
 set -euo pipefail
@@ -25,9 +26,14 @@ POL=sequential,static:4,static:8,static:20,static:48
 weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --no-power --policies $POL --name h200-megakernel-$TAG \
   -o $O/h200-megakernel-$TAG.json | tail -2
 weave-sim validate $B --profile $O/h200-megakernel-$TAG.json --out $O/validate_$TAG | grep -E "^summary|^warning"
+# the power-model fit also charges each tile's fixed cost (gemm.k_fixed) when the calibration timed tiles at several K
+KFIX=()
+if [ -f "$DIR/calib_$TAG.json" ] && python3 -c "import json,sys; sys.exit(0 if 'gemm_by_k' in json.load(open('$DIR/calib_$TAG.json')) else 1)"; then
+  KFIX=(--gemm-k "$DIR/calib_$TAG.json")
+fi
 if [ -n "$POWER" ]; then
   weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --no-hbm-power --policies $POL \
-    --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
+    "${KFIX[@]}" --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
   weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
 fi
 if [ -f "$DIR/calib_bulk_$TAG.json" ]; then

@@ -23,3 +23,35 @@ def test_trace_tiles_rates(tmp_path):
     assert abs(got["gemm0"][2] - 2 * 128 * 256 * 1024 / 20.0 / 1e6) < 1e-9  # 128 x 256 x K MACs per tile, us
     assert got["gemm1"][:2] == (1, 5.0)
     assert set(got) == {"gemm0", "gemm1"}  # waits are not tiles
+
+
+def test_trace_vs_sim_tiles_on_a_committed_measurement(tmp_path, capsys):
+    """trace_vs_sim_tiles.py on one of the committed EP=1 traces: the measured medians are the trace's, the
+    simulated ones come from the bench file's counts, and with the power-model profile (gemm.k_fixed) each kind's
+    simulated tile is within 25% of the measured one (docs/results/tile_k/trace_vs_sim_tiles_ep1.txt)."""
+    import sys
+    import tarfile
+
+    root = Path(__file__).resolve().parents[2]
+    with tarfile.open(root / "docs/results/tile_k/traces_ep1_1xh200.tgz") as tar:
+        member = tar.getmember("trace_qwen3-30b-a3b.json")
+        assert member.isfile()
+        (tmp_path / member.name).write_bytes(tar.extractfile(member).read())
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        spec = importlib.util.spec_from_file_location("trace_vs_sim_tiles", Path(__file__).with_name("trace_vs_sim_tiles.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.pop(0)
+    from weave_sim.profile import load_profile
+
+    bench = root / "docs/results/tile_k/bench_ep1/bench_qwen3-30b-a3b.json"
+    trace = tmp_path / "trace_qwen3-30b-a3b.json"
+    got = mod.compare(str(bench), str(trace), load_profile("h200-megakernel-power-ep1"), "weave")
+    assert got["model"] == "qwen3-30b-a3b" and (got["H"], got["I"]) == (2048, 768)
+    for kind in ("gemm0", "gemm1"):
+        assert got[kind]["measured_us"] == _module().tile_stats(str(trace), 2048, 768)[kind][1]
+        assert 0.75 < got[kind]["simulated_us"] / got[kind]["measured_us"] < 1.25
+    assert mod.main(["--profile", "h200-megakernel-power-ep1", str(bench), str(trace)]) == 0
+    assert "qwen3-30b-a3b" in capsys.readouterr().out
