@@ -240,6 +240,14 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     return prof
 
 
+def read_measurements(path) -> dict:
+    """A measurements (or benchmark) JSON file, or a CalibrationError naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"cannot read measurements {path}: {exc}") from None
+
+
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
                    power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
                    concurrency: bool = False, k_fixed_path: Path | str | None = None) -> dict:
@@ -250,22 +258,16 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
     differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
-    def read(path):
-        try:
-            return json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"cannot read measurements {path}: {exc}") from None
-
-    m = read(measurements_path)
+    m = read_measurements(measurements_path)
     if power_path is not None:
-        pm = read(power_path)
+        pm = read_measurements(power_path)
         if "power" not in pm:
             raise CalibrationError(f"{power_path} has no power block")
         m = {**m, "power": {**pm["power"], "from": f"{power_path} ({pm.get('gpu_name', '?')}, {pm.get('date', '?')}, "
                                                   f"commit {str(pm.get('commit', '?'))[:12]})"}}
     if not power:
         m = {k: v for k, v in m.items() if k != "power"}
-    kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read(k_fixed_path))
+    kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read_measurements(k_fixed_path))
     prof = build_profile(m, base=base, name=name, concurrency=concurrency, k_fixed_from=kf)
     if not power:
         prof.pop("power", None)  # nor the base's
@@ -426,31 +428,20 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     if not power:
         base_raw.pop("power", None)
     if power_path is not None:
-        try:
-            pm = json.loads(Path(power_path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"cannot read measurements {power_path}: {exc}") from None
+        pm = read_measurements(power_path)
         if "power" not in pm:
             raise CalibrationError(f"{power_path} has no power block")
         base_raw["power"] = {**power_model(pm["power"]), "from": str(power_path)}
     if not hbm_power and "power" in base_raw:
         base_raw["power"].pop("w_per_tbs", None)
     if concurrency_path is not None:
-        try:
-            cm = json.loads(Path(concurrency_path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"cannot read measurements {concurrency_path}: {exc}") from None
-        curve = gemm_concurrency_curve(cm.get("gemm", []))
+        curve = gemm_concurrency_curve(read_measurements(concurrency_path).get("gemm", []))
         if curve is None:
             raise CalibrationError(f"{concurrency_path}: no GEMM points at two CTA counts for a concurrency curve")
         base_raw["gemm"]["scale_by_ctas"] = curve
         base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + CONCURRENCY_NOTE
     if k_fixed_path is not None:
-        try:
-            km = json.loads(Path(k_fixed_path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"cannot read measurements {k_fixed_path}: {exc}") from None
-        base_raw["gemm"]["k_fixed"] = gemm_k_fixed(km)
+        base_raw["gemm"]["k_fixed"] = gemm_k_fixed(read_measurements(k_fixed_path))
         base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + K_FIXED_NOTE
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}

@@ -143,3 +143,20 @@ def test_fit_recovers_the_rate_of_a_k_dependent_benchmark(tmp_path):
                        params=("gemm_scale",), k_fixed_path=kfile)
     assert prof["gemm"]["k_fixed"]["share"] == pytest.approx(0.15, abs=1e-3)
     assert prof["calibration"]["params"]["gemm_scale"] == pytest.approx(0.8, abs=0.03)
+
+
+def test_unreadable_files_are_named(tmp_path):
+    from weave_sim.calibrate import calibrate_file
+
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    mfile = ROOT / "docs/results/ep2/calib_2xh200_ep2.json"
+    with pytest.raises(CalibrationError, match="cannot read measurements .*broken.json"):
+        calibrate_file(mfile, tmp_path / "o.json", k_fixed_path=bad)
+    with pytest.raises(CalibrationError, match="cannot read measurements .*missing.json"):
+        calibrate_file(tmp_path / "missing.json", tmp_path / "o.json")
+    from weave_sim.engine.testing import simulated_bench_file
+
+    bench = simulated_bench_file(tmp_path / "b.json", BASE, 1024, 512)
+    with pytest.raises(CalibrationError, match="cannot read measurements .*broken.json"):
+        fit_profile(bench, rounds=1, iters=1, log=lambda m: None, params=("gemm_scale",), k_fixed_path=bad)
