@@ -136,11 +136,13 @@ TRACE_POLICIES = ("weave",)
 # in docs/results/kernel_bench_2xh200_static.json and kernel_bench_weave.json): every (expert, source) segment
 # padded to whole 128-row blocks, and an all-padding 64-row warpgroup skipped its MMAs, so padding cost up to
 # 64 rows. "expert-packed" (the kernel now): an expert's rows from all sources back to back, padded once to a
-# whole block, and every tile computes all 128 rows. A benchmark result names its layout in "kernel_layout";
-# results without it come from the first kernel.
+# whole block, and every tile computes all 128 rows; its dispatch is modelled transfer by transfer as the kernel
+# sends it (the 'piece' order: one transfer per (source, expert, owner row block); since 2026-12-01, before
+# that 'expert' with 128-row transfers cut across experts). A benchmark result names its layout in
+# "kernel_layout"; results without it come from the first kernel.
 KERNEL_LAYOUTS = {
     "segment-padded": {"dispatch_order": "expert", "segment_pad_rows": 64},
-    "expert-packed": {"dispatch_order": "expert", "expert_pad_rows": 128},
+    "expert-packed": {"dispatch_order": "piece", "expert_pad_rows": 128},
 }
 KERNEL_LAYOUT = "expert-packed"
 KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]

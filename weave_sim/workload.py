@@ -200,6 +200,12 @@ def workload_from_counts(source_expert_pairs, dispatch_rows, model: ModelPreset,
     return LayerWorkload(model, placement, pair_counts, rows, tokens)
 
 
+def pairs_dispatched(w: LayerWorkload) -> LayerWorkload:
+    """`w` as the megakernel moves it: one dispatch row per (token, expert) pair, not per distinct token (the
+    dispatch_rows of its exchanged counts, which the engine's 'piece' order needs)."""
+    return LayerWorkload(w.model, w.placement, w.pair_counts, w.pair_counts.sum(axis=2), w.tokens_per_gpu)
+
+
 def model_workloads(routing, model: ModelPreset, placement: Placement) -> list[LayerWorkload]:
     """One LayerWorkload per layer from routing [num_tokens, num_layers, top_k]."""
     routing = np.asarray(routing)

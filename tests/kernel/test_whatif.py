@@ -117,7 +117,8 @@ def test_whatif_pad_charges_fewer_mma_rows_and_checks_r():
             parse_variant(bad)
     # 1000 tokens x top-2 over 8 experts on 2 GPUs: about 500 rows per expert, a partial last block each; the
     # weights are shared by 4 blocks, so a tile's MMAs (not its HBM share) set its time and padding shows
-    r = _result(top_k=2, tokens=1000)
+    # (hidden and inter 2048: big enough that the tiles, not the dispatch pieces, set the layer's time)
+    r = {**_result(top_k=2, tokens=1000), "hidden": 2048, "inter": 2048}
     out = whatif_result(r, load_profile("h200-megakernel"), CFG, variant="pad:16")
     for p in out["as_built"]:
         assert out["changed"][p] < out["as_built"][p], p

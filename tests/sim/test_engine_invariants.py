@@ -24,7 +24,7 @@ from weave_sim.engine.run import SimContext, SimOptions
 from weave_sim.engine.testing import ZERO_FIXED, random_layer, tiny_model, tiny_profile
 from weave_sim.placement import explicit
 from weave_sim.presets import ModelPreset
-from weave_sim.workload import layer_workload
+from weave_sim.workload import layer_workload, pairs_dispatched
 
 _FIXED_KEYS = tuple(ZERO_FIXED)
 
@@ -44,9 +44,11 @@ def scenarios(draw):
                       tile_rows=draw(st.sampled_from([16, 32, 64])), tile_cols=draw(st.sampled_from([32, 64])),
                       comm_chunk_rows=draw(st.sampled_from([None, 8, 24])),
                       gemm_tasks_per_sm=draw(st.sampled_from([None, 2, 32])),
-                      dispatch_order=draw(st.sampled_from(["token", "expert"])),
+                      dispatch_order=draw(st.sampled_from(["token", "expert", "piece"])),
                       fairness=draw(st.sampled_from(["shares", "maxmin"])),
                       segment_pad_rows=draw(st.sampled_from([None, 8, 64])))
+    if opts.dispatch_order == "piece":  # the kernel's transfers: pair-based dispatch rows, as its counts are
+        w = pairs_dispatched(w)
     return w, profile, opts
 
 

@@ -19,7 +19,9 @@ first, as receive offsets are prefix sums of the exchanged counts). A stream s->
 in one of two orders: 'token' (as the tokens sit on s: expert e's rows are spread evenly over the whole
 stream, so most row blocks complete late) or 'expert' (grouped by g's local expert, as a sender that sorts
 its rows by expert would; a token picking several experts on g is approximated as a fraction of a row in
-each). Either way a row block waits on a contiguous range of each source stream's chunks.
+each). Either way a row block waits on a contiguous range of each source stream's chunks, cut every
+comm_chunk_rows rows. 'piece' is 'expert' with the megakernel's transfers: one per (source, expert, owner row
+block), split at comm_chunk_rows (pair-based dispatch rows only), so a block's rows arrive with its own pieces.
 
 GEMM time. A task takes max(FLOPs / per-SM rate at its expert's row count, its weight bytes / an SM's share
 of HBM bandwidth), where an expert's weights are streamed once and shared by its row blocks (so a GPU's GEMM
@@ -46,7 +48,7 @@ K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
 # Claim classes: which worker queue a task waits in.
 C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
 KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
-DISPATCH_ORDERS = ("token", "expert")  # see "Row layout" above
+DISPATCH_ORDERS = ("token", "expert", "piece")  # see "Row layout" above
 _COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
 _FLOP_PER_NS_PER_TFLOPS = 1e3
 
@@ -179,6 +181,34 @@ def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment
     return out
 
 
+def _piece_chunks(w: LayerWorkload, ring: np.ndarray, tile_rows: int, cr: int,
+                  segment_pad_rows: int | None) -> list[list[np.ndarray]]:
+    """Transfer sizes of each dispatch stream s -> d (sizes[s][d], in stream order) in 'piece' order: the stream
+    carries d's local experts in order, and each expert's rows from s are cut where the owner's tile_rows blocks
+    are (the megakernel's dispatch pieces, _dispatch_pieces), each piece split further into transfers of at most
+    cr rows. Needs pair-based dispatch rows (one row per (token, expert) pair, as the kernel sends)."""
+    G = w.num_gpus
+    sizes = [[np.zeros(0, np.int64) for _ in range(G)] for _ in range(G)]
+    for d in range(G):
+        seg = w.pair_counts[:, d, w.placement.local_experts(d)][ring[d]].T  # [experts, ring position]
+        span = seg if segment_pad_rows is None else -(-seg // segment_pad_rows) * segment_pad_rows
+        start = np.cumsum(span, axis=1) - span
+        for j in range(1, G):
+            s, n, st = int(ring[d, j]), seg[:, j], start[:, j]
+            if int(n.sum()) != int(w.dispatch_rows[s, d]):
+                raise ValueError("dispatch_order 'piece' needs pair-based dispatch rows (one row per (token, "
+                                 f"expert) pair, as the megakernel sends): {s} -> {d} sends "
+                                 f"{int(w.dispatch_rows[s, d])} rows for {int(n.sum())} pairs")
+            e = np.flatnonzero(n > 0)
+            first, last = st[e] // tile_rows, (st[e] + n[e] - 1) // tile_rows
+            cnt = last - first + 1
+            ee = np.repeat(e, cnt)
+            blk = np.repeat(first, cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            piece = np.minimum((blk + 1) * tile_rows, st[ee] + n[ee]) - np.maximum(blk * tile_rows, st[ee])
+            sizes[s][d] = _split(piece, cr)[2]
+    return sizes
+
+
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
@@ -211,10 +241,20 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     known = b.add(K_BARRIER, np.arange(G), delay_ns=first_ns if seq else 0)
     b.edges(cx[:, None], known[None, :])
 
-    # Dispatch streams s -> d (s != d), each cut into chunks of cr rows.
+    # Dispatch streams s -> d (s != d), each cut into chunks of cr rows (in 'piece' order: the kernel's pieces).
     R = w.dispatch_rows.copy()
     np.fill_diagonal(R, 0)
-    st_own, st_idx, st_rows = _split(R.ravel(), cr)
+    chunk_starts = None
+    if dispatch_order == "piece":
+        sizes = _piece_chunks(w, ring, tile_rows, cr, segment_pad_rows)
+        nch = np.array([[sizes[a][d].size for d in range(G)] for a in range(G)]).ravel()
+        st_own = np.repeat(np.arange(G * G), nch)
+        st_idx = np.arange(nch.sum()) - np.repeat(np.cumsum(nch) - nch, nch)
+        st_rows = np.concatenate([sizes[a][d] for a in range(G) for d in range(G)] + [np.zeros(0, np.int64)])
+        chunk_starts = [[np.cumsum(sizes[a][d]) - sizes[a][d] for d in range(G)] for a in range(G)]
+    else:
+        st_own, st_idx, st_rows = _split(R.ravel(), cr)
+        nch = -(-R.ravel() // cr)
     st_src, st_dst = st_own // G, st_own % G
     # The megakernel's dispatch pieces (kernel layouts only, i.e. pad rows given): a source's rows of one expert
     # cut at the owner's 128-row blocks, each piece ended by a fence and a release flag on the owner, about one
@@ -224,13 +264,12 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     if segment_pad_rows is not None or expert_pad_rows is not None:
         pieces = _dispatch_pieces(w, ring, tile_rows, segment_pad_rows)
         per_piece = fx.get("dispatch_piece", fx["signal"])
-        piece_ns = np.round(per_piece * pieces / np.maximum(-(-R // cr), 1)).astype(np.int64).ravel()[st_own]
+        piece_ns = np.round(per_piece * pieces.ravel() / np.maximum(nch, 1)).astype(np.int64)[st_own]
     else:
         piece_ns = 0
     disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes, work_ns=piece_ns,
                  prio=st_idx * G + (st_dst - st_src) % G)
     b.edges(known[st_src], disp)
-    nch = -(-R.ravel() // cr)
     stream_base = (np.cumsum(nch) - nch).reshape(G, G) + (disp[0] if disp.size else 0)
     if seq:
         gate = b.add(K_BARRIER, np.arange(G), delay_ns=boundary_ns)
@@ -244,7 +283,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     if segment_pad_rows is not None and expert_pad_rows is not None:
         raise ValueError("segment_pad_rows and expert_pad_rows exclude each other")
     pad_rows = segment_pad_rows if segment_pad_rows is not None else expert_pad_rows
-    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, pad_rows, segment_pad_rows is not None)
+    geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, pad_rows, segment_pad_rows is not None,
+                     None if chunk_starts is None else [chunk_starts[ring[g][j]][g] for j in range(G)])
            for g in range(G)]
     rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
     arrived = b.add(K_BARRIER, rb_gpu)
@@ -352,10 +392,11 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
 
 
 def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str,
-              pad_rows: int | None = None, per_segment: bool = False) -> dict:
+              pad_rows: int | None = None, per_segment: bool = False, chunk_starts=None) -> dict:
     """Row blocks of GPU g's experts and the dispatch chunk ranges each one waits on (see DISPATCH_ORDERS).
     With `per_segment`, blocks never straddle two sources' segments; with `pad_rows`, a block costs its rows
-    rounded up to pad_rows."""
+    rounded up to pad_rows. chunk_starts ('piece' order): per ring position j the stream offsets at which the
+    transfers of source ring[j]'s stream to g start."""
     le = w.placement.local_experts(g)
     seg_n = w.pair_counts[:, g, le][ring].T  # [experts, ring position]
     seg_end = np.cumsum(seg_n, axis=1)
@@ -386,11 +427,17 @@ def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: in
 
     if order == "token":  # e's rows from s are spread evenly over the whole stream
         off, span = np.zeros_like(n), n
-    else:  # "expert": the stream carries expert 0's rows from s, then expert 1's, ...
+    else:  # "expert" and "piece": the stream carries expert 0's rows from s, then expert 1's, ...
         off = (np.cumsum(seg_n, axis=0) - seg_n)[rb_e[r], j]
         span = seg_n[:, j].sum(axis=0)
 
     def chunk_of(i):  # the dispatch chunk carrying the i-th row of expert e from this source
+        if order == "piece":  # expert order, transfers of uneven sizes
+            out = np.empty_like(i)
+            for jj in np.unique(j):
+                m = j == jj
+                out[m] = np.searchsorted(chunk_starts[jj], off[m] + i[m], side="right") - 1
+            return out
         return ((2 * (off + i) + 1) * stream_rows // (2 * span)) // cr
 
     ready = np.zeros(lo.size)

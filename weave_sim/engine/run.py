@@ -35,7 +35,8 @@ class SimOptions:
     tile_rows, tile_cols: GEMM output tile shape.
     comm_chunk_rows: rows per dispatch/combine transfer (None = tile_rows).
     gemm_tasks_per_sm: GEMM tile batching target (see dag.py); None = one tile per task.
-    dispatch_order: 'token' or 'expert', the order of rows in each dispatch stream (see dag.py).
+    dispatch_order: 'token', 'expert' or 'piece', the order of rows in each dispatch stream and, for 'piece',
+        the megakernel's transfers (see dag.py).
     fairness: 'shares' or 'maxmin', how transfers share NVLink (see hardware.py).
     segment_pad_rows: None, or cut row blocks per (expert, source) segment, as the first megakernel laid out
         its receive buffer, and charge each GEMM tile its rows rounded up to this many (the MMA granularity).

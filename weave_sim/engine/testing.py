@@ -12,7 +12,7 @@ import numpy as np
 from ..placement import Placement, contiguous, round_robin
 from ..presets import ModelPreset
 from ..profile import HardwareProfile, load_profile, profile_from_dict
-from ..workload import LayerWorkload, layer_workload
+from ..workload import LayerWorkload, layer_workload, pairs_dispatched
 
 
 def tiny_profile(num_sms: int = 16, *, fixed_ns: dict | None = None, per_sm_tflops: float | None = None,
@@ -78,7 +78,7 @@ def simulated_bench_file(path, profile: HardwareProfile, hidden: int, inter: int
 
     model = ModelPreset("m", hidden, inter, 8, 2, 0, 1)
     ids = np.argsort(np.random.default_rng(seed).random((2 * tokens, 8)), axis=1)[:, :2]
-    w = layer_workload(ids, model, contiguous(8, 2))
+    w = pairs_dispatched(layer_workload(ids, model, contiguous(8, 2)))  # the kernel's counts are pair-based
     lat = {p: simulate_layer(w, profile, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in policies}
     Path(path).write_text(json.dumps({"results": [{
         "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": tokens, "gpus": 2, "experts": 8, "top_k": 2,
