@@ -74,7 +74,7 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
-    from .validate import dispatch_warning, kernel_sources_warning, summarize, validate_file
+    from .validate import dispatch_warning, errors_by_policy, kernel_sources_warning, summarize, validate_file
 
     profile = load_profile(args.profile)
     rows = validate_file(args.results, profile, seed=args.seed,
@@ -111,10 +111,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for r in rows:
         for note in r.notes:
             print(f"note: {r.label}/{r.tokens_per_gpu}: {note}")
+    by_policy = errors_by_policy(rows)
+    if by_policy:
+        print(format_table(["policy", "points", "median |error|", "worst |error|", "median error", "over 15%"],
+                           [[p, v["points"], pct(v["median_abs_error"]), pct(v["worst_abs_error"]),
+                             f"{100 * v['median_error']:+.1f}%", v["points_over_15pct"]] for p, v in by_policy.items()],
+                           "prediction error by policy (+ = predicted slower than measured)"))
     summary = summarize(rows)
     print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
-                                                   "warnings": warnings,
+                                                   "by_policy": by_policy, "warnings": warnings,
                                                    "configs": [r.to_dict() for r in rows]})
     print(f"wrote {path}")
     return 0

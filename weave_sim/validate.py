@@ -191,6 +191,9 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path
     return [validate_result(r, profile, seed, trace_dir) for r in data["results"]]
 
 
+FIDELITY_LIMIT = 0.15  # issue 5's worst-case |predicted - measured| / measured
+
+
 def summarize(rows: list[ConfigValidation]) -> dict:
     errs = np.array([abs(e) for r in rows for e in r.errors().values()])
     regrets = np.array([r.regret_static for r in rows if r.regret_static is not None])
@@ -201,4 +204,21 @@ def summarize(rows: list[ConfigValidation]) -> dict:
         "worst_abs_error": float(errs.max()) if errs.size else None,
         "median_regret_static": float(np.median(regrets)) if regrets.size else None,
         "median_regret_kernel_choice": float(np.median(weave_regrets)) if weave_regrets.size else None,
+        "points": int(errs.size),
+        "points_over_15pct": int((errs > FIDELITY_LIMIT).sum()),
     }
+
+
+def errors_by_policy(rows: list[ConfigValidation]) -> dict[str, dict]:
+    """Per kernel policy over all configurations: points, median and worst |error|, median signed error
+    (+ = predicted slower than measured) and the points over FIDELITY_LIMIT, in the order policies first appear."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        for pol, e in r.errors().items():
+            by.setdefault(pol, []).append(e)
+    out = {}
+    for pol, v in by.items():
+        a = np.abs(v)
+        out[pol] = {"points": len(v), "median_abs_error": float(np.median(a)), "worst_abs_error": float(a.max()),
+                    "median_error": float(np.median(v)), "points_over_15pct": int((a > FIDELITY_LIMIT).sum())}
+    return out

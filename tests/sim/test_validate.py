@@ -49,8 +49,31 @@ def test_cli_validate(tmp_path, capsys):
     path = bench_file(tmp_path, {"static:16": 1.0, "weave": 1.0})
     assert main(["validate", str(path), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "median_abs_error 0.000" in out
+    assert "median_abs_error 0.000" in out and "points_over_15pct 0" in out and "error by policy" in out
     assert json.loads((tmp_path / "validate.json").read_text())["summary"]["configs"] == 1
+
+
+def test_errors_by_policy_and_points_over_the_limit(tmp_path, capsys):
+    """Two configurations whose 'measured' times are the simulator's scaled: per policy the median / worst / signed
+    error and the points over 15% follow from the factors (predicted / measured = 1 / factor)."""
+    from weave_sim.validate import errors_by_policy, summarize
+
+    a = json.loads(bench_file(tmp_path, {"static:8": 1.25, "weave": 0.9}).read_text())["results"][0]
+    b = json.loads(bench_file(tmp_path, {"static:8": 1.1, "weave": 1.0}).read_text())["results"][0]
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"results": [a, {**b, "tokens_per_gpu": 256}]}))
+    rows = validate_file(path, PROFILE)
+    by = errors_by_policy(rows)
+    assert list(by) == ["static:8", "weave"] and by["static:8"]["points"] == 2
+    assert by["static:8"]["worst_abs_error"] == pytest.approx(1 - 1 / 1.25)
+    assert by["static:8"]["median_error"] == pytest.approx(np.median([1 / 1.25 - 1, 1 / 1.1 - 1]))
+    assert by["static:8"]["points_over_15pct"] == 1 and by["weave"]["points_over_15pct"] == 0
+    assert by["weave"]["median_error"] > 0  # measured faster than predicted: predicted slower
+    s = summarize(rows)
+    assert s["points"] == 4 and s["points_over_15pct"] == 1
+    assert main(["validate", str(path), "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "validate.json").read_text())
+    assert saved["by_policy"]["static:8"]["points_over_15pct"] == 1
 
 
 def test_missing_counts_is_clear(tmp_path, capsys):
