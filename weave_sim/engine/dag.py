@@ -165,47 +165,49 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return owner, idx, size
 
 
-def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment_pad_rows: int | None) -> np.ndarray:
-    """[G_src, G_dst] dispatch pieces of the megakernel: on owner d each local expert's rows lie back to back (d's
-    own first, then ring order; each source's segment padded to segment_pad_rows in the per-segment layout), and a
-    source sends one piece per tile_rows-row block its segment touches. Own rows are not sent (diagonal 0)."""
+def _piece_rows(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
+                segment_pad_rows: int | None) -> list[list[np.ndarray]]:
+    """Rows of each megakernel dispatch piece, per stream s -> d in stream order (rows[s][d]; empty for s == d):
+    on owner d each local expert's rows lie back to back (d's own first, then ring order; each source's segment
+    padded to segment_pad_rows in the per-segment layout), and a source sends one piece per tile_rows-row block its
+    segment touches, expert by expert."""
     G = w.num_gpus
-    out = np.zeros((G, G), dtype=np.int64)
-    for d in range(G):
-        seg = w.pair_counts[:, d, w.placement.local_experts(d)][ring[d]].T  # [experts, ring position]
-        span = seg if segment_pad_rows is None else -(-seg // segment_pad_rows) * segment_pad_rows
-        start = np.cumsum(span, axis=1) - span
-        touched = np.where(seg > 0, (start + seg - 1) // tile_rows - start // tile_rows + 1, 0)
-        out[ring[d], d] = touched.sum(axis=0)
-    np.fill_diagonal(out, 0)
-    return out
-
-
-def _piece_chunks(w: LayerWorkload, ring: np.ndarray, tile_rows: int, cr: int,
-                  segment_pad_rows: int | None) -> list[list[np.ndarray]]:
-    """Transfer sizes of each dispatch stream s -> d (sizes[s][d], in stream order) in 'piece' order: the stream
-    carries d's local experts in order, and each expert's rows from s are cut where the owner's tile_rows blocks
-    are (the megakernel's dispatch pieces, _dispatch_pieces), each piece split further into transfers of at most
-    cr rows. Needs pair-based dispatch rows (one row per (token, expert) pair, as the kernel sends)."""
-    G = w.num_gpus
-    sizes = [[np.zeros(0, np.int64) for _ in range(G)] for _ in range(G)]
+    rows = [[np.zeros(0, np.int64) for _ in range(G)] for _ in range(G)]
     for d in range(G):
         seg = w.pair_counts[:, d, w.placement.local_experts(d)][ring[d]].T  # [experts, ring position]
         span = seg if segment_pad_rows is None else -(-seg // segment_pad_rows) * segment_pad_rows
         start = np.cumsum(span, axis=1) - span
         for j in range(1, G):
-            s, n, st = int(ring[d, j]), seg[:, j], start[:, j]
-            if int(n.sum()) != int(w.dispatch_rows[s, d]):
-                raise ValueError("dispatch_order 'piece' needs pair-based dispatch rows (one row per (token, "
-                                 f"expert) pair, as the megakernel sends): {s} -> {d} sends "
-                                 f"{int(w.dispatch_rows[s, d])} rows for {int(n.sum())} pairs")
+            n, st = seg[:, j], start[:, j]
             e = np.flatnonzero(n > 0)
             first, last = st[e] // tile_rows, (st[e] + n[e] - 1) // tile_rows
             cnt = last - first + 1
             ee = np.repeat(e, cnt)
             blk = np.repeat(first, cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            piece = np.minimum((blk + 1) * tile_rows, st[ee] + n[ee]) - np.maximum(blk * tile_rows, st[ee])
-            sizes[s][d] = _split(piece, cr)[2]
+            rows[int(ring[d, j])][d] = (np.minimum((blk + 1) * tile_rows, st[ee] + n[ee])
+                                        - np.maximum(blk * tile_rows, st[ee]))
+    return rows
+
+
+def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment_pad_rows: int | None) -> np.ndarray:
+    """[G_src, G_dst] number of dispatch pieces of the megakernel (_piece_rows). Own rows are not sent (diagonal 0)."""
+    rows = _piece_rows(w, ring, tile_rows, segment_pad_rows)
+    return np.array([[r.size for r in row] for row in rows], dtype=np.int64)
+
+
+def _piece_chunks(w: LayerWorkload, ring: np.ndarray, tile_rows: int, cr: int,
+                  segment_pad_rows: int | None) -> list[list[np.ndarray]]:
+    """Transfer sizes of each dispatch stream s -> d (sizes[s][d], in stream order) in 'piece' order: the
+    megakernel's pieces (_piece_rows), each split further into transfers of at most cr rows. Needs pair-based
+    dispatch rows (one row per (token, expert) pair, as the kernel sends)."""
+    sizes = _piece_rows(w, ring, tile_rows, segment_pad_rows)
+    for s, row in enumerate(sizes):
+        for d, z in enumerate(row):
+            if s != d and int(z.sum()) != int(w.dispatch_rows[s, d]):
+                raise ValueError("dispatch_order 'piece' needs pair-based dispatch rows (one row per (token, "
+                                 f"expert) pair, as the megakernel sends): {s} -> {d} sends "
+                                 f"{int(w.dispatch_rows[s, d])} rows for {int(z.sum())} pairs")
+            row[d] = _split(z, cr)[2]
     return sizes
 
 
