@@ -29,7 +29,7 @@ def pair_workload(G: int, tokens: int, seed: int, skew: float = 1.0):
 def test_transfers_are_the_kernels_pieces(G, tokens, seed, cr):
     w = pair_workload(G, tokens, seed)
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G
-    sizes = _piece_chunks(w, ring, 128, cr, None)
+    sizes, piece_of = _piece_chunks(w, ring, 128, cr, None)
     pieces = _dispatch_pieces(w, ring, 128, None)
     for s in range(G):
         for d in range(G):
@@ -48,7 +48,7 @@ def test_a_block_waits_only_on_its_own_pieces(G, tokens, seed):
     wait on never overlap (in 'expert' order, 128-row transfers cut across blocks and experts)."""
     w = pair_workload(G, tokens, seed)
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G
-    sizes = _piece_chunks(w, ring, 128, 128, None)
+    sizes, _ = _piece_chunks(w, ring, 128, 128, None)
     for g in range(G):
         starts = [np.cumsum(sizes[ring[g][j]][g]) - sizes[ring[g][j]][g] for j in range(G)]
         x = _gpu_rows(w, g, ring[g], 128, 128, "piece", 128, False, starts)
@@ -80,3 +80,24 @@ def test_piece_order_needs_pair_based_rows():
     w = layer_workload(ids, MODEL, contiguous(48, 2))  # distinct tokens per owner, fewer than pairs
     with pytest.raises(ValueError, match="pair-based"):
         simulate_layer(w, PROFILE, "kernel:static:8", dispatch_order="piece", expert_pad_rows=128)
+
+
+@pytest.mark.parametrize("policy,C", [("kernel:static:3", 3), ("kernel:weave:5", 5), ("kernel:sequential", None)])
+def test_pieces_go_to_the_dispatching_ctas_round_robin(policy, C):
+    """The kernel's dispatching CTA i pushes pieces i, i + C, i + 2C, ... (destinations s+1, s+2, ..., then expert,
+    then block; csrc layout.cuh dispatch_block): in the engine piece i starts only after piece i - C ended."""
+    w = pair_workload(3, 700, 7, skew=3.0)
+    r = simulate_layer(w, PROFILE, policy, record_timeline=True, **KERNEL_OPTIONS)
+    g = r.graph
+    C = C or PROFILE.num_sms
+    for s in range(3):
+        ids = []
+        for step in (1, 2):  # kernel order: destination s+1 first, then s+2; each stream in piece order
+            m = np.flatnonzero((g.kind == K_DISPATCH) & (g.gpu == s) & (g.peer == (s + step) % 3))
+            ids.append(m)  # the builder adds a stream's transfers in stream order
+        ids = np.concatenate(ids)
+        assert (np.diff(ids) > 0).all()  # built in the kernel's sending order
+        if C < ids.size:
+            assert (r.start_ns[ids[C:]] >= r.end_ns[ids[:-C]]).all()
+        else:  # every SM dispatches (sequential): no piece waits for another
+            assert r.start_ns[ids].min() == r.start_ns[ids].max()

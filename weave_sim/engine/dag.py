@@ -196,19 +196,21 @@ def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment
 
 
 def _piece_chunks(w: LayerWorkload, ring: np.ndarray, tile_rows: int, cr: int,
-                  segment_pad_rows: int | None) -> list[list[np.ndarray]]:
+                  segment_pad_rows: int | None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
     """Transfer sizes of each dispatch stream s -> d (sizes[s][d], in stream order) in 'piece' order: the
-    megakernel's pieces (_piece_rows), each split further into transfers of at most cr rows. Needs pair-based
-    dispatch rows (one row per (token, expert) pair, as the kernel sends)."""
+    megakernel's pieces (_piece_rows), each split further into transfers of at most cr rows; and per transfer the
+    index of its piece in the stream. Needs pair-based dispatch rows (one row per (token, expert) pair, as the
+    kernel sends)."""
     sizes = _piece_rows(w, ring, tile_rows, segment_pad_rows)
+    piece = [[np.zeros(0, np.int64) for _ in row] for row in sizes]
     for s, row in enumerate(sizes):
         for d, z in enumerate(row):
             if s != d and int(z.sum()) != int(w.dispatch_rows[s, d]):
                 raise ValueError("dispatch_order 'piece' needs pair-based dispatch rows (one row per (token, "
                                  f"expert) pair, as the megakernel sends): {s} -> {d} sends "
                                  f"{int(w.dispatch_rows[s, d])} rows for {int(z.sum())} pairs")
-            row[d] = _split(z, cr)[2]
-    return sizes
+            piece[s][d], _, row[d] = _split(z, cr)
+    return sizes, piece
 
 
 def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_rows: int = 128,
@@ -248,15 +250,23 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     np.fill_diagonal(R, 0)
     chunk_starts = None
     if dispatch_order == "piece":
-        sizes = _piece_chunks(w, ring, tile_rows, cr, segment_pad_rows)
-        nch = np.array([[sizes[a][d].size for d in range(G)] for a in range(G)]).ravel()
-        st_own = np.repeat(np.arange(G * G), nch)
-        st_idx = np.arange(nch.sum()) - np.repeat(np.cumsum(nch) - nch, nch)
-        st_rows = np.concatenate([sizes[a][d] for a in range(G) for d in range(G)] + [np.zeros(0, np.int64)])
+        # streams in the kernel's sending order: source s to s+1, s+2, ... (ids follow it, so that the
+        # round-robin chains below run forward in id order)
+        sizes, piece_of = _piece_chunks(w, ring, tile_rows, cr, segment_pad_rows)
+        sd = [(a, (a + step) % G) for a in range(G) for step in range(1, G)]
+        cnt = np.array([sizes[a][d].size for a, d in sd], dtype=np.int64)
+        st_own = np.repeat(np.array([a * G + d for a, d in sd], dtype=np.int64), cnt)
+        st_idx = np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        st_rows = np.concatenate([sizes[a][d] for a, d in sd] + [np.zeros(0, np.int64)])
         chunk_starts = [[np.cumsum(sizes[a][d]) - sizes[a][d] for d in range(G)] for a in range(G)]
+        nch = np.zeros(G * G, dtype=np.int64)
+        base = np.zeros((G, G), dtype=np.int64)
+        for (a, d), c, o in zip(sd, cnt, np.cumsum(cnt) - cnt):
+            nch[a * G + d], base[a, d] = c, o
     else:
         st_own, st_idx, st_rows = _split(R.ravel(), cr)
         nch = -(-R.ravel() // cr)
+        base = (np.cumsum(nch) - nch).reshape(G, G)
     st_src, st_dst = st_own // G, st_own % G
     # The megakernel's dispatch pieces (kernel layouts only, i.e. pad rows given): a source's rows of one expert
     # cut at the owner's 128-row blocks, each piece ended by a fence and a release flag on the owner, about one
@@ -272,7 +282,22 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes, work_ns=piece_ns,
                  prio=st_idx * G + (st_dst - st_src) % G)
     b.edges(known[st_src], disp)
-    stream_base = (np.cumsum(nch) - nch).reshape(G, G) + (disp[0] if disp.size else 0)
+    stream_base = base + (disp[0] if disp.size else 0)
+    if dispatch_order == "piece" and disp.size:
+        # The kernel hands its pieces to its dispatching CTAs round-robin, not from a queue: piece i of source s
+        # (destinations s+1, s+2, ..., then expert, then row block) is pushed by CTA i mod C after piece i - C.
+        for a in range(G):
+            C = N if seq else max(1, int(plan.num_comm_sms[a]))
+            ids, idx, base = [], [], 0
+            for step in range(1, G):
+                d = (a + step) % G
+                ids.append(stream_base[a, d] + np.arange(nch[a * G + d]))
+                idx.append(base + piece_of[a][d])
+                base += int(piece_of[a][d][-1]) + 1 if piece_of[a][d].size else 0
+            ids, idx = np.concatenate(ids), np.concatenate(idx)
+            order = np.lexsort((idx, idx % C))  # by CTA, then in the CTA's order
+            same = (idx[order][1:] % C) == (idx[order][:-1] % C)
+            b.edges(ids[order][:-1][same], ids[order][1:][same])
     if seq:
         gate = b.add(K_BARRIER, np.arange(G), delay_ns=boundary_ns)
         b.edges(known, gate)
