@@ -240,6 +240,12 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     return prof
 
 
+def _add_note(section: dict, note: str) -> None:
+    """Append `note` to section["note"] once (a base that already carries it keeps one copy)."""
+    if note not in section.get("note", ""):
+        section["note"] = section.get("note", "") + note
+
+
 def read_measurements(path) -> dict:
     """A measurements (or benchmark) JSON file, or a CalibrationError naming it."""
     try:
@@ -439,10 +445,10 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         if curve is None:
             raise CalibrationError(f"{concurrency_path}: no GEMM points at two CTA counts for a concurrency curve")
         base_raw["gemm"]["scale_by_ctas"] = curve
-        base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + CONCURRENCY_NOTE
+        _add_note(base_raw["gemm"], CONCURRENCY_NOTE)
     if k_fixed_path is not None:
         base_raw["gemm"]["k_fixed"] = gemm_k_fixed(read_measurements(k_fixed_path))
-        base_raw["gemm"]["note"] = base_raw["gemm"].get("note", "") + K_FIXED_NOTE
+        _add_note(base_raw["gemm"], K_FIXED_NOTE)
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:

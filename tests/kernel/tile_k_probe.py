@@ -33,8 +33,8 @@ def main() -> int:
     ap.add_argument("--out", default="tile_k.json")
     args = ap.parse_args()
     ks = tuple(int(v) for v in args.k.split(","))
-    if any(k < 64 or k % 64 for k in ks):
-        raise SystemExit("--k: every K must be a positive multiple of 64")
+    if any(k < 64 or k % 64 for k in ks) or len(set(ks)) < 3:
+        raise SystemExit("--k: at least three different K, each a positive multiple of 64 (a line is fitted)")
     bench = Bench.start()
     points = []
     for n in (int(v) for v in args.ctas.split(",")):

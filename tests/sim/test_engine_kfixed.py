@@ -126,6 +126,12 @@ def test_build_profile_and_cli_add_it_only_when_asked(tmp_path, capsys):
     prof = fit_profile(bench, rounds=1, iters=1, log=lambda m: None, params=("gemm_scale",), k_fixed_path=kfile)
     assert prof["calibration"]["k_fixed_from"] == str(kfile) and "k_fixed" in prof["gemm"]
     assert "tile time by K" in prof["source"]
+    # refitting on a base that already has the share keeps one copy of its note
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(prof))
+    again = fit_profile(bench, base=str(base), rounds=1, iters=1, log=lambda m: None, params=("gemm_scale",),
+                        k_fixed_path=kfile)
+    assert again["gemm"]["note"].count("k_fixed:") == 1
 
 
 def test_fit_recovers_the_rate_of_a_k_dependent_benchmark(tmp_path):
