@@ -91,10 +91,11 @@ def test_padding_option_is_validated(layer):
 
 @pytest.mark.parametrize("gpus,pad", [(2, None), (4, None), (4, 64)])
 def test_dispatch_pieces_count_the_blocks_each_segment_touches(gpus, pad):
-    """dag._dispatch_pieces against the receive layout built row by row: on owner d, each local expert's rows from
-    every source in ring order (d's own first), a source's segment padded to `pad` rows in the per-segment
-    layout; a source sends one piece per 128-row block holding any of its rows (its own rows none)."""
-    from weave_sim.engine.dag import _dispatch_pieces
+    """dag._dispatch_pieces against the receive layout built row by row as the kernel builds it (csrc/layout.cuh):
+    on owner d, each local expert's rows from every source in step order t = 0, 1, ..., source (d - t) mod G (d's
+    own first), a source's segment padded to `pad` rows in the per-segment layout; a source sends one piece per
+    128-row block holding any of its rows (its own rows none)."""
+    from weave_sim.engine.dag import _dispatch_pieces, receive_ring
 
     rng = np.random.default_rng(gpus * 7 + (pad or 0))
     E = 8 * gpus
@@ -102,12 +103,12 @@ def test_dispatch_pieces_count_the_blocks_each_segment_touches(gpus, pad):
     ids = np.stack([rng.choice(E, size=3, replace=False, p=np.linspace(1, 5, E) / np.linspace(1, 5, E).sum())
                     for _ in range(700 * gpus)])
     w = layer_workload(ids, model, contiguous(E, gpus))
-    ring = (np.arange(gpus)[:, None] + np.arange(gpus)[None, :]) % gpus
+    ring = receive_ring(gpus, "piece")
     want = np.zeros((gpus, gpus), dtype=np.int64)
     for d in range(gpus):
         for e in w.placement.local_experts(d):
             row = 0
-            for s in ring[d]:
+            for s in ((d - t) % gpus for t in range(gpus)):
                 n = int(w.pair_counts[s, d, e])
                 if s != d:
                     want[s, d] += len({r // 128 for r in range(row, row + n)})
@@ -115,3 +116,5 @@ def test_dispatch_pieces_count_the_blocks_each_segment_touches(gpus, pad):
     got = _dispatch_pieces(w, ring, 128, pad)
     assert np.array_equal(got, want)
     assert got.sum() >= -(-w.dispatch_rows[~np.eye(gpus, dtype=bool)] // 128).sum()  # at least one per 128 rows
+    if gpus > 2:  # the other order cuts the blocks elsewhere
+        assert not np.array_equal(_dispatch_pieces(w, receive_ring(gpus, "expert"), 128, pad), want)

@@ -15,7 +15,8 @@ Tasks (ids are a topological order: every edge goes from a lower id to a higher 
     reduce             a slice of s's tokens: weighted sum over k result rows (HBM bound)
 
 Row layout. Expert e's rows on its owner g are grouped by source GPU in ring order g, g+1, ... (local rows
-first, as receive offsets are prefix sums of the exchanged counts). A stream s->g sends each token once,
+first, as receive offsets are prefix sums of the exchanged counts; 'piece' order: g, g-1, ..., the megakernel's
+layout). A stream s->g sends each token once,
 in one of two orders: 'token' (as the tokens sit on s: expert e's rows are spread evenly over the whole
 stream, so most row blocks complete late) or 'expert' (grouped by g's local expert, as a sender that sorts
 its rows by expert would; a token picking several experts on g is approximated as a fraction of a row in
@@ -165,6 +166,15 @@ def _split(total: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return owner, idx, size
 
 
+def receive_ring(G: int, dispatch_order: str) -> np.ndarray:
+    """ring[g, j]: the j-th source in owner g's receive layout (j = 0: g itself). The megakernel's layout ('piece'
+    order) steps backwards, g, g-1, g-2, ... (csrc/layout.cuh: step t holds source (g - t) mod G), so the source
+    that sends to g first (g-1, whose first destination is g) fills the row blocks right after g's own rows; the
+    other orders keep g, g+1, ...  Both are the same for G <= 2."""
+    step = -1 if dispatch_order == "piece" else 1
+    return (np.arange(G)[:, None] + step * np.arange(G)[None, :]) % G
+
+
 def _piece_rows(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
                 segment_pad_rows: int | None) -> list[list[np.ndarray]]:
     """Rows of each megakernel dispatch piece, per stream s -> d in stream order (rows[s][d]; empty for s == d):
@@ -236,7 +246,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     # phase boundaries of a sequential plan: kernel launches (and one host sync), or grid barriers when fused
     boundary_ns = fx["grid_barrier"] if plan.fused else fx["launch"]
     b = _Builder()
-    ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G  # ring[g, j]: j-th source of g
+    ring = receive_ring(G, dispatch_order)
 
     # Weave's decision is charged inside the count-exchange task (strictly it follows the remote counts'
     # arrival; the delay before any dispatch is the same either way).
