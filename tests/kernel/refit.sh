@@ -6,7 +6,7 @@
 #   POWER_JSON: a measurements file with a power block (default: DIR/calib_TAG.json if it has one)
 # Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (fixed clock, as the kernel's cost table
 # assumes) + -power-TAG.json (the power model without its board-dependent HBM term; with the tiles' fixed cost by K when
-# the calibration measured it, gemm_by_k), validate_*/, tables; with
+# the calibration measured it, gemm_by_k), validate_*/, tables, gap_TAG.txt; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
 # About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
 set -euo pipefail
@@ -41,6 +41,8 @@ if [ -f "$DIR/calib_bulk_$TAG.json" ]; then
     -o $O/h200-calibrated-bulk-$TAG.json | tail -1
 fi
 python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
+# where run B's distance to the lower bound goes, by the fixed-clock refit (docs/results.md)
+python3 -m weave_kernel.gap $B --profile $O/h200-megakernel-$TAG.json --out $O/gap_$TAG.json > $O/gap_$TAG.txt
 python3 -m weave_kernel.predict --gpus 2,4,8 --profile $O/h200-megakernel-$TAG.json --weave-grid 8,12,16,20,24,32 \
   --out $O/predict_$TAG.json > $O/predict_$TAG.txt
 tail -3 $O/predict_$TAG.txt
