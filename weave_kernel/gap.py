@@ -29,17 +29,11 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
-from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
-from weave_sim.placement import contiguous
-from weave_sim.presets import ModelPreset
 from weave_sim.profile import load_profile, profile_from_dict
 from weave_sim.validate import kernel_options, profile_for_result
-from weave_sim.workload import workload_from_counts
 
-from .whatif import distinct_dispatch_rows
+from .whatif import distinct_dispatch_rows, result_bound_ms, result_workload
 
 STEPS = ("tiles", "padding", "fixed", "push", "dedup")
 POLICY = "kernel:weave"
@@ -81,12 +75,7 @@ def gap_result(result: dict, profile, cfg: dict, bound_profile=None, alone: bool
     the bound's peak)."""
     bound_profile = bound_profile or load_profile("h200")
     profile = profile_for_result(result, profile)
-    c = result["counts"]
-    model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
-                        int(result["top_k"]), 0, 1)
-    placement = contiguous(model.num_experts, int(result["gpus"]))
-    pairs = np.asarray(c["source_expert_pairs"], dtype=np.int64)
-    w = workload_from_counts(pairs, c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
+    w = result_workload(result)
     opts = dict(kernel_options(result))
     raw, braw = profile.to_dict(), bound_profile.to_dict()
     sim = {"as built": simulate_layer(w, profile, POLICY, **opts).latency_ns / 1e6}
@@ -105,15 +94,11 @@ def gap_result(result: dict, profile, cfg: dict, bound_profile=None, alone: bool
         elif step == "push":
             raw = push_at_peak(raw, braw)
         elif step == "dedup":
-            w = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
-                                     c["tokens_per_gpu"])
+            w = result_workload(result, distinct_dispatch_rows(result, cfg))
             opts["dispatch_order"] = "token"
         prof = profile_from_dict(raw, origin=f"{profile.name}, ideal {'in' if alone else 'up to'} {step}")
         sim[step] = simulate_layer(w, prof, POLICY, **opts).latency_ns / 1e6
-    bound = result.get("lower_bound_ms")
-    if bound is None:
-        wd = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement, c["tokens_per_gpu"])
-        bound = float(lower_bound_ns(Volumes.from_workloads([wd], bound_profile), bound_profile).max()) / 1e6
+    bound = result_bound_ms(result, cfg, bound_profile)
     return {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "gpus": int(result["gpus"]),
             "measured_ms": result["latency_ms"].get("weave"), "bound_ms": float(bound), "simulated_ms": sim,
             "steps": "alone" if alone else "cumulative"}

@@ -99,19 +99,35 @@ def parse_variant(text: str) -> tuple[str, float]:
     raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S', 'push:S' or 'energy:S' with S > 0 (e.g. gemm:1.2), or 'pad:R'")
 
 
-def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
-    kind, speedup = parse_variant(variant)
-    profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
+def result_workload(result: dict, dispatch_rows=None):
+    """The simulator's workload of one benchmark result from its exchanged counts, with its own (pair-based)
+    dispatch rows or the ones given (e.g. distinct_dispatch_rows)."""
     c = result["counts"]
     model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
                         int(result["top_k"]), 0, 1)
     placement = contiguous(model.num_experts, int(result["gpus"]))
-    pairs = np.asarray(c["source_expert_pairs"], dtype=np.int64)
-    as_built = workload_from_counts(pairs, c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
+    rows = c["dispatch_rows"] if dispatch_rows is None else dispatch_rows
+    return workload_from_counts(np.asarray(c["source_expert_pairs"], dtype=np.int64), rows, model, placement,
+                                c["tokens_per_gpu"])
+
+
+def result_bound_ms(result: dict, cfg: dict, bound_profile=None) -> float:
+    """The benchmark's lower bound of a result (distinct token rows, profile h200), or the same computed here."""
+    bound = result.get("lower_bound_ms")
+    if bound is None:
+        h200 = bound_profile or load_profile("h200")
+        w = result_workload(result, distinct_dispatch_rows(result, cfg))
+        bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
+    return float(bound)
+
+
+def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
+    kind, speedup = parse_variant(variant)
+    profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
+    as_built = result_workload(result)
     opts = kernel_options(result)
     if kind == "dedup":
-        changed = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
-                                       c["tokens_per_gpu"])
+        changed = result_workload(result, distinct_dispatch_rows(result, cfg))
         changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
     elif kind == "pad":
         if "expert_pad_rows" not in opts:
@@ -129,14 +145,7 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
                                   "distinct": int(changed.dispatch_rows_out.sum())}}
     for name, w, o, prof in (("as_built", as_built, opts, profile), ("changed", changed, changed_opts, changed_profile)):
         out[name] = {p: simulate_layer(w, prof, p, **o).latency_ns / 1e6 for p in POLICIES}
-    # the benchmark's bound (distinct token rows, profile h200), or the same computed here
-    bound = result.get("lower_bound_ms")
-    if bound is None:
-        h200 = load_profile("h200")
-        w = workload_from_counts(pairs, distinct_dispatch_rows(result, cfg), model, placement,
-                                 c["tokens_per_gpu"])
-        bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
-    out["bound_ms"] = float(bound)
+    out["bound_ms"] = result_bound_ms(result, cfg)
     return out
 
 
