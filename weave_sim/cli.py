@@ -76,9 +76,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
     from .validate import dispatch_warning, errors_by_policy, kernel_sources_warning, summarize, validate_file
 
+    if args.workers < 1:
+        raise SystemExit(f"weave-sim validate: --workers must be >= 1, got {args.workers}")
     profile = load_profile(args.profile)
     rows = validate_file(args.results, profile, seed=args.seed,
-                         trace_dir=args.out / "traces" if args.traces else None)
+                         trace_dir=args.out / "traces" if args.traces else None, workers=args.workers)
     bench = json.loads(Path(args.results).read_text())
     warnings = [w for w in (kernel_sources_warning(bench, profile), dispatch_warning(bench, profile)) if w]
     for w in warnings:
@@ -184,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="h200")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traces", action="store_true", help="write the simulated Chrome trace of each weave run")
+    p.add_argument("--workers", type=int, default=1, help="simulate the results in this many processes")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("timeline-stats", help="busy SM time by kind from Chrome traces (simulated or measured)")

@@ -181,14 +181,27 @@ def dispatch_warning(bench: dict, profile: HardwareProfile) -> str | None:
             f"{curve!r} copies (calibrate --dispatch {measured}, then weave-sim calibrate on those measurements)")
 
 
-def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None) -> list[ConfigValidation]:
+def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None,
+                  workers: int = 1) -> list[ConfigValidation]:
+    """validate_result for every result of a benchmark file, in its order; workers > 1 simulates the results in
+    that many processes (the same rows: each simulation is a pure function of its inputs)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
     if not data.get("results"):
         raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
-    return [validate_result(r, profile, seed, trace_dir) for r in data["results"]]
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    results = data["results"]
+    if workers == 1 or len(results) == 1:
+        return [validate_result(r, profile, seed, trace_dir) for r in results]
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+
+    one = partial(validate_result, profile=profile, seed=seed, trace_dir=trace_dir)
+    with ProcessPoolExecutor(max_workers=min(workers, len(results))) as pool:
+        return list(pool.map(one, results))
 
 
 FIDELITY_LIMIT = 0.15  # issue 5's worst-case |predicted - measured| / measured

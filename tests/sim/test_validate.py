@@ -376,3 +376,14 @@ def test_dispatch_mode_mismatch_is_warned(tmp_path, capsys):
     assert "dispatch" not in build_profile(meas, base="h200")["nvlink"]
     bulk = profile_from_dict(build_profile({**meas, "dispatch": "bulk:8"}, base="h200"))
     assert bulk.raw["nvlink"]["dispatch"] == "bulk:8" and dispatch_warning(doc, bulk) is None
+
+
+def test_workers_give_the_rows_of_one_process(tmp_path):
+    a = json.loads(bench_file(tmp_path, {"static:8": 1.2, "weave": 0.95}).read_text())["results"][0]
+    path = tmp_path / "three.json"
+    path.write_text(json.dumps({"results": [a, {**a, "tokens_per_gpu": 256}, {**a, "tokens_per_gpu": 128}]}))
+    one, two = validate_file(path, PROFILE), validate_file(path, PROFILE, workers=2)
+    assert [r.to_dict() for r in one] == [r.to_dict() for r in two]
+    with pytest.raises(ValueError, match="workers"):
+        validate_file(path, PROFILE, workers=0)
+
