@@ -33,7 +33,7 @@ from weave_sim.engine import simulate_layer
 from weave_sim.profile import load_profile, profile_from_dict
 from weave_sim.validate import kernel_options, profile_for_result
 
-from .whatif import distinct_dispatch_rows, result_bound_ms, result_workload
+from .whatif import distinct_dispatch_rows, result_bound_ms, result_workload, results_with_counts
 
 STEPS = ("tiles", "padding", "fixed", "push", "dedup")
 POLICY = "kernel:weave"
@@ -115,16 +115,11 @@ def main(argv=None) -> int:
     ap.add_argument("--alone", action="store_true", help="each step on its own, not added to the ones before")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
-    data = json.loads(args.bench.read_text())
-    keep = {int(t) for t in args.tokens.split(",") if t}
     try:
         profile = load_profile(args.profile)
+        data, picked = results_with_counts(args.bench, args.tokens)
     except (ValueError, FileNotFoundError) as exc:
         ap.error(str(exc))
-    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
-    if not picked or any("counts" not in r for r in picked):
-        ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
-                 f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
     bound_profile = load_profile("h200")
     if args.tile_tflops is not None and args.tile_tflops <= 0:
         ap.error("--tile-tflops must be positive")

@@ -121,6 +121,21 @@ def result_bound_ms(result: dict, cfg: dict, bound_profile=None) -> float:
     return float(bound)
 
 
+def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]:
+    """A benchmark file and its results at the given tokens per GPU (comma-separated; all if empty); ValueError
+    unless there is at least one and every one carries the exchanged counts the simulator needs."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
+    keep = {int(t) for t in tokens.split(",") if t}
+    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
+    if not picked or any("counts" not in r for r in picked):
+        raise ValueError(f"{path}: no results{' at those token counts' if keep else ''}, or results without the "
+                         f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
+    return data, picked
+
+
 def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
     kind, speedup = parse_variant(variant)
     profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
@@ -159,20 +174,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
-    data = json.loads(args.bench.read_text())
-    cfg = data.get("config", {})
-    keep = {int(t) for t in args.tokens.split(",") if t}
     try:
         kind, factor = parse_variant(args.variant)
         profile = load_profile(args.profile)
         if kind == "energy":
             energy_scaled(profile, factor)
+        data, picked = results_with_counts(args.bench, args.tokens)
     except ValueError as exc:
         ap.error(str(exc))
-    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
-    if not picked or any("counts" not in r for r in picked):
-        ap.error(f"{args.bench}: no results{' at those token counts' if keep else ''}, or results without the "
-                 f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
+    cfg = data.get("config", {})
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
