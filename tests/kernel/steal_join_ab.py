@@ -63,11 +63,10 @@ def patched_csrc(delay_us: int, root: Path) -> Path:
     return dst
 
 
-def tile_medians(layer, join_us: float) -> tuple[float, float, int, int]:
+def tile_medians(events: list[dict], join_us: float) -> tuple[float, float, int, int]:
     """Median GEMM0 tile time (us) of the compute CTAs for tiles starting before / after join_us (from the first
-    record of the call), and how many tiles each median is over. GEMM0 only: GEMM1 tiles (K = I, not H) are far
+    record of the call; `events`: the layer's Chrome events, MoEMegakernel.timeline_events), and how many tiles each median is over. GEMM0 only: GEMM1 tiles (K = I, not H) are far
     shorter and come later, so a median over both kinds moves with the mix, not with the tiles' speed."""
-    events, _ = layer.timeline_events()
     t0 = min(e["ts"] for e in events)
     tiles = [e for e in events if e["name"] == "gemm0" and e["cat"] == "compute"]
     before = [e["dur"] for e in tiles if e["ts"] - t0 < join_us]
@@ -187,7 +186,7 @@ def main() -> int:
             torch.cuda.synchronize()
             join = v[1] if v[0] == "weave" and v[1] else 0.0
             split = join if join else 1000.0  # unpatched: the same 1 ms split, for comparison
-            b, a, nb, na = tile_medians(layer, split)
+            b, a, nb, na = tile_medians(layer.timeline_events()[0], split)
             res[label(v)] = {"ms": t[label(v)], "tile_us_before": b, "tile_us_after": a, "split_us": split,
                              "tiles_before": nb, "tiles_after": na, "sm_mhz": mhz, "power_w": watts}
         rows.append({"model": name, "tokens": n, "comm": C, "variants": res})
