@@ -65,8 +65,9 @@ def patched_csrc(delay_us: int, root: Path) -> Path:
 
 def tile_medians(events: list[dict], join_us: float) -> tuple[float, float, int, int]:
     """Median GEMM0 tile time (us) of the compute CTAs for tiles starting before / after join_us (from the first
-    record of the call; `events`: the layer's Chrome events, MoEMegakernel.timeline_events), and how many tiles each median is over. GEMM0 only: GEMM1 tiles (K = I, not H) are far
-    shorter and come later, so a median over both kinds moves with the mix, not with the tiles' speed."""
+    record of the call), and how many tiles each median is over. `events`: the layer's Chrome events
+    (MoEMegakernel.timeline_events). GEMM0 only: GEMM1 tiles (K = I, not H) are far shorter and come later, so a
+    median over both kinds moves with the mix, not with the tiles' speed."""
     t0 = min(e["ts"] for e in events)
     tiles = [e for e in events if e["name"] == "gemm0" and e["cat"] == "compute"]
     before = [e["dur"] for e in tiles if e["ts"] - t0 < join_us]
