@@ -6,10 +6,11 @@ threads, each with the table and the counts in shared memory as in the megakerne
 (median over the CTAs, after two warm-up repetitions): the whole choice (volumes, argmin over the c x K grid,
 reductions), the argmin alone, and one evaluation of the model per thread.
 
-    python tests/kernel/choice_timing.py
+    python tests/kernel/choice_timing.py [--csrc OTHER/csrc]   # another version's choice.cuh (e.g. an A/B)
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -41,14 +42,20 @@ def stdin_text() -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csrc", default=str(ROOT / "weave_kernel" / "csrc"), help="folder with choice.cuh")
+    args = ap.parse_args(argv)
+    csrc = Path(args.csrc)
+    if not (csrc / "choice.cuh").is_file():
+        ap.error(f"no choice.cuh in {csrc}")
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         print("needs nvcc and a Hopper GPU")
         return 2
     exe = Path(tempfile.mkdtemp()) / "choice_timing"
     subprocess.run([nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
-                    "-I", str(ROOT / "weave_kernel" / "csrc"), "-I", str(ROOT / "tests" / "border"),
+                    "-I", str(csrc), "-I", str(ROOT / "tests" / "border"),
                     str(ROOT / "tests" / "kernel" / "choice_timing.cu"), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], input=stdin_text(), capture_output=True, text=True)
     print(out.stdout, end="")
