@@ -254,14 +254,50 @@ def read_measurements(path) -> dict:
         raise CalibrationError(f"cannot read measurements {path}: {exc}") from None
 
 
+def apply_fit(prof: dict, fitted: str | Path) -> dict:
+    """`prof` (a calibrated profile dictionary) with the in-layer factors of an earlier fit applied, not refitted:
+    the fitted profile's calibration.params (GEMM rate and push scales, fixed costs) through scaled_profile, as
+    fit_profile applied them to its base. For a measurement that the fit did not see but whose in-layer behaviour
+    is expected to match, e.g. the push curve of another dispatch mode (calibrate --dispatch bulk) measured in the
+    same session as the kernel runs: a cost table for it in seconds instead of a refit. The result mirrors the
+    fit's structure: no power model if the fit had none, no HBM power term if it had none, its gemm.k_fixed."""
+    src = load_profile(fitted).raw
+    cal = src.get("calibration") or {}
+    params = cal.get("params")
+    if not isinstance(params, dict) or not params:
+        raise CalibrationError(f"{fitted} is not a fitted profile (no calibration.params): nothing to apply")
+    unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
+    if unknown:
+        raise CalibrationError(f"{fitted}: unknown fit parameters {sorted(unknown)}")
+    prof = json.loads(json.dumps(prof))
+    if "power" not in src:
+        prof.pop("power", None)
+    elif "power" in prof and "w_per_tbs" not in src["power"]:
+        prof["power"].pop("w_per_tbs", None)
+    if "k_fixed" in src["gemm"] and "k_fixed" not in prof["gemm"]:
+        prof["gemm"]["k_fixed"] = src["gemm"]["k_fixed"]
+        _add_note(prof["gemm"], K_FIXED_NOTE)
+    if "scale_by_ctas" in src["gemm"] and "scale_by_ctas" not in prof["gemm"]:
+        raise CalibrationError(f"{fitted} models the GEMM rate by computing SMs: calibrate with --gemm-concurrency")
+    out = scaled_profile(prof, **params)
+    out["calibration"] = {**prof.get("calibration", {}), "params_from": src.get("name", str(fitted)),
+                          "params_from_version": src.get("version"), "params": params}
+    out["source"] = (prof.get("source", "") + f" In-layer factors of the fitted profile {src.get('name', fitted)} "
+                     f"applied, not refitted: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()) + ".")
+    profile_from_dict(out, origin="calibrated profile with applied fit")  # validates
+    return out
+
+
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
                    power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
-                   concurrency: bool = False, k_fixed_path: Path | str | None = None) -> dict:
+                   concurrency: bool = False, k_fixed_path: Path | str | None = None,
+                   params_from: str | Path | None = None) -> dict:
     """measurements -> profile JSON; k_fixed_path: gemm.k_fixed from this file's gemm_by_k ("-": from the
     measurements themselves); power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
-    differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile)."""
+    differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile); params_from:
+    a fitted profile whose in-layer factors are applied to the result (apply_fit)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     m = read_measurements(measurements_path)
@@ -279,6 +315,8 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
         prof.pop("power", None)  # nor the base's
     elif not hbm_power and "power" in prof:
         prof["power"].pop("w_per_tbs", None)
+    if params_from is not None:
+        prof = apply_fit(prof, params_from)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof

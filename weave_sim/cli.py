@@ -157,6 +157,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("with --fit, --gemm-concurrency needs the measurements file to take the curve from")
     if args.fit is not None and args.gemm_k == "-":
         raise ValueError("with --fit, --gemm-k needs the file with the tiles timed at several K")
+    if args.fit is not None and args.params_from is not None:
+        raise ValueError("--params-from applies an earlier fit to measurements; --fit makes a new one: not both")
     if args.fit is not None:
         policies = args.policies.split(",") if args.policies else None
         kw = {"params": tuple(args.fit_params.split(","))} if args.fit_params else {}
@@ -169,7 +171,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
                               power=not args.no_power, hbm_power=not args.no_hbm_power,
-                              concurrency=args.gemm_concurrency is not None, k_fixed_path=args.gemm_k)
+                              concurrency=args.gemm_concurrency is not None, k_fixed_path=args.gemm_k,
+                              params_from=args.params_from)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -222,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "add tile_ns to fit a fixed cost per GEMM tile, piece_ns one per kernel dispatch piece, "
                         "conc_exp a power on the base's gemm.scale_by_ctas; leave one out to keep the base's value, "
                         "e.g. push_scale on one GPU)")
+    p.add_argument("--params-from", default=None, metavar="PROFILE",
+                   help="with measurements: apply this fitted profile's in-layer factors (GEMM rate and push scales, "
+                        "fixed costs) to the result instead of refitting, e.g. for the push curve of another "
+                        "dispatch mode measured beside the kernel runs (docs/calibration.md)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,

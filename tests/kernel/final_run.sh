@@ -5,7 +5,7 @@
 # sequential: held out for `weave-sim validate`), decode (128 tokens), and per-SM traces of `weave` on three
 # models. Everything lands in $OUT/results.tgz (the device tool returns at most 8 files). Needs $OUT.
 # Knobs: FINAL_STAGES (default build,test2,test1,sanitize; add virtual for world sizes 2-8 on GPU 0), FINAL_RUNS,
-# FINAL_REPEATS (5), FINAL_TAG (file suffix), FINAL_SUSTAINED (seconds; unset = no sustained run), FINAL_CALIB=1
+# FINAL_REPEATS (5), FINAL_TAG (file suffix), FINAL_MODELS (a smaller model list for smoke runs), FINAL_SUSTAINED (seconds; unset = no sustained run), FINAL_CALIB=1
 # (also the calibration microbenchmarks, calib_$TAG.json, power block included, on the same boards). The bench
 # interleaves policies, records clocks and the kernel sources' fingerprint. On the CPU machine afterwards:
 # bash tests/kernel/refit.sh DIR TAG (DIR = the unpacked results_$TAG.tgz).
@@ -16,13 +16,13 @@ R=/tmp/results; mkdir -p $R; REAL_OUT=$OUT
 TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
 # ranks: every GPU of the machine (at most 8), or $NPROC; the tests' "test2" stage uses the same count
 export NPROC=${NPROC:-$(n=$(nvidia-smi -L 2>/dev/null | wc -l); (( n > 8 )) && n=8; (( n < 1 )) && n=1; echo $n)}
-M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
+M=${FINAL_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3}
 OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,test2,test1,sanitize} 2>&1 | tee $R/stages.log | tail -12
 # FINAL_DISPATCH (e.g. bulk): every benchmark and the calibration dispatch their rows that way (default: threads)
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib, traces_fitted and D). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -49,6 +49,22 @@ if want D; then
   done
   timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate --dispatch bulk \
     --out $R/calib_bulk_$TAG.json > $R/calib_bulk_$TAG.log 2>&1; echo "calib bulk rc $? [${SECONDS}s]"
+fi
+# DW: weave with bulk dispatch and a cost table for it: the bulk push curve (calib_bulk_$TAG.json, measured here
+# unless run D made it in this call) with the in-layer factors of the kernel's default table applied, not refitted
+# (weave-sim calibrate --params-from), then run B's grid in bulk mode with that table (compare with run B).
+if want DW; then
+  [ -f $R/calib_bulk_$TAG.json ] || { timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate \
+    --dispatch bulk --out $R/calib_bulk_$TAG.json > $R/calib_bulk_$TAG.log 2>&1; echo "calib bulk rc $? [${SECONDS}s]"; }
+  # (one GPU has no push curve to measure: the calibration then lacks nvlink_push and DW stops here)
+  if python3 -m weave_sim.cli calibrate $R/calib_bulk_$TAG.json --base h200 --params-from ${FINAL_COST_PROFILE:-h200-megakernel} \
+      --name h200-megakernel-bulk-$TAG -o $R/h200-megakernel-bulk-$TAG.json 2>&1 | tail -1 | cut -c1-250; \
+      [ -f $R/h200-megakernel-bulk-$TAG.json ]; then
+    DISP="--dispatch bulk" bench bench_DW_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,16 \
+      --cost-profile $R/h200-megakernel-bulk-$TAG.json
+  else
+    echo "DW: no cost profile for bulk dispatch, its run skipped"
+  fi
 fi
 want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
 # FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,

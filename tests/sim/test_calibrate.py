@@ -117,3 +117,69 @@ def test_fit_of_a_subset_keeps_the_rest_of_the_base(tmp_path):
     assert "fitted: gemm_scale, fixed_us" in prof["source"]
     with pytest.raises(CalibrationError):
         fit_profile(bench, params=())
+
+
+def _numbers(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_numbers(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[prefix + k] = float(v)
+    return out
+
+
+@pytest.mark.parametrize("fitted", ["h200-megakernel-ep2", "h200-megakernel-power-ep2"])
+def test_applied_fit_reproduces_the_shipped_fit(tmp_path, fitted):
+    """The shipped EP=2 fits were made on h200-calibrated-ep2 (this calibration file on h200); applying their
+    parameters to the same measurements gives back every number of the fitted profile (power model, HBM term and
+    k_fixed mirrored from the fit)."""
+    from pathlib import Path
+
+    meas = Path(__file__).resolve().parents[2] / "docs" / "results" / "ep2" / "calib_2xh200_ep2.json"
+    prof = calibrate_file(meas, tmp_path / "p.json", base="h200", name="applied", params_from=fitted)
+    want = _numbers({k: v for k, v in load_profile(fitted).raw.items() if k != "calibration"})
+    got = _numbers({k: v for k, v in prof.items() if k != "calibration"})
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-12, abs=1e-12), k
+    assert prof["calibration"]["params_from"] == fitted
+    assert prof["calibration"]["params"] == load_profile(fitted).raw["calibration"]["params"]
+    assert "applied, not refitted" in prof["source"]
+    assert load_profile(tmp_path / "p.json").name == "applied"
+
+
+def test_applied_fit_moves_a_new_push_curve_like_the_fit(tmp_path):
+    """A push curve the fit never saw is scaled the way the fit scaled its own: c CTAs move what push_scale * c
+    moved; the GEMM rates and fixed costs come out as the fit set them."""
+    from weave_sim.calibrate import apply_fit, scaled_profile
+
+    fit = load_profile("h200-megakernel-ep2").raw["calibration"]["params"]
+    base = build_profile(MEAS, base="h200")
+    got = apply_fit(base, "h200-megakernel-ep2")
+    want = scaled_profile(base, **fit)
+    assert got["nvlink"]["push_gbs_by_ctas"] == want["nvlink"]["push_gbs_by_ctas"]
+    assert got["nvlink"]["push_gbs_by_ctas"]["8"] < base["nvlink"]["push_gbs_by_ctas"]["8"]
+    assert got["fixed_ns"]["count_exchange"] == round(fit["fixed_us"] * 1e3)
+    assert got["gemm"]["per_sm_tflops_by_rows"] == want["gemm"]["per_sm_tflops_by_rows"]
+    assert "power" not in got  # the fixed-clock fit has no power model
+
+
+def test_applied_fit_needs_a_fitted_profile(tmp_path):
+    from weave_sim.calibrate import apply_fit
+
+    with pytest.raises(CalibrationError, match="not a fitted profile"):
+        apply_fit(build_profile(MEAS), "h200")
+
+
+def test_cli_params_from(tmp_path, capsys):
+    from weave_sim.cli import main
+
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(MEAS))
+    assert main(["calibrate", str(m), "--params-from", "h200-megakernel-ep2", "-o", str(tmp_path / "p.json")]) == 0
+    assert "applied, not refitted" in capsys.readouterr().out
+    assert main(["calibrate", str(m), "--params-from", "h200", "-o", str(tmp_path / "q.json")]) == 2
+    assert "not a fitted profile" in capsys.readouterr().err
+    assert main(["calibrate", "--fit", str(m), "--params-from", "h200-megakernel-ep2", "-o", str(tmp_path / "r.json")]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -1,0 +1,253 @@
+// The one PYBIND11_MODULE. It fills weave::Params from a dict of plain integers (addresses, sizes) that
+// weave_kernel/megakernel.py builds after checking every tensor, and delegates to the C launcher.
+// No torch headers: including torch/extension.h costs ~45 s of build per machine; the tensor checks live in
+// Python (weave_kernel/validate.py), which also runs them without a GPU in CI.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "calib_params.h"
+#include "cost_model.cuh"
+#include "params.h"
+
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative);
+extern "C" int weave_moe_max_ctas(int device);
+extern "C" const char* weave_cuda_error_string(int code);
+extern "C" int weave_static_smem_bytes();
+extern "C" int weave_calib_push(const weave::CalibPushArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_gemm(const weave::CalibGemmArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_claim(const weave::CalibClaimArgs* args, int num_ctas, void* stream);
+extern "C" int weave_calib_signal(const weave::CalibSignalArgs* args, int num_ctas, void* stream);
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T get(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw std::invalid_argument(std::string("weave launch: missing parameter ") + key);
+  return d[key].cast<T>();
+}
+
+template <typename T>
+T* ptr(const py::dict& d, const char* key) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(get<uint64_t>(d, key)));
+}
+
+void launch(const py::dict& d, uint64_t stream) {
+  weave::Params p{};
+  p.x = ptr<const void>(d, "x");
+  p.topk_ids = ptr<const int32_t>(d, "topk_ids");
+  p.topk_weights = ptr<const float>(d, "topk_weights");
+  p.w13 = ptr<const void>(d, "w13");
+  p.w2 = ptr<const void>(d, "w2");
+  p.y = ptr<void>(d, "y");
+  p.expert_owner = ptr<const int32_t>(d, "expert_owner");
+  p.owner_experts = ptr<const int32_t>(d, "owner_experts");
+  p.peer_base = ptr<const uint64_t>(d, "peer_base");
+  p.off_count_flag = get<int64_t>(d, "off_count_flag");
+  p.off_comb_flag = get<int64_t>(d, "off_comb_flag");
+  p.off_gcounts = get<int64_t>(d, "off_gcounts");
+  p.off_blk_flag = get<int64_t>(d, "off_blk_flag");
+  p.off_recv_meta = get<int64_t>(d, "off_recv_meta");
+  p.off_comb = get<int64_t>(d, "off_comb");
+  p.off_recv_x = get<int64_t>(d, "off_recv_x");
+  p.expert_ctr = ptr<int32_t>(d, "expert_ctr");
+  p.pair_slot = ptr<int32_t>(d, "pair_slot");
+  p.sorted_pair = ptr<int32_t>(d, "sorted_pair");
+  p.h = ptr<void>(d, "h");
+  p.g0_done = ptr<uint32_t>(d, "g0_done");
+  p.sched = ptr<uint32_t>(d, "sched");
+  p.grid_bar = ptr<uint32_t>(d, "grid_bar");
+  p.err = ptr<int32_t>(d, "err");
+  p.timeline = ptr<weave::TimelineRecord>(d, "timeline");
+  p.timeline_count = ptr<int32_t>(d, "timeline_count");
+  p.cost_table = ptr<const double>(d, "cost_table");
+  p.choice = ptr<double>(d, "choice");
+  p.rank = get<int32_t>(d, "rank");
+  p.world = get<int32_t>(d, "world");
+  p.num_tokens = get<int32_t>(d, "num_tokens");
+  p.top_k = get<int32_t>(d, "top_k");
+  p.hidden = get<int32_t>(d, "hidden");
+  p.inter = get<int32_t>(d, "inter");
+  p.num_experts = get<int32_t>(d, "num_experts");
+  p.num_local_experts = get<int32_t>(d, "num_local_experts");
+  p.max_tokens = get<int32_t>(d, "max_tokens");
+  p.recv_cap_rows = get<int32_t>(d, "recv_cap_rows");
+  p.max_row_blocks = get<int32_t>(d, "max_row_blocks");
+  p.num_ctas = get<int32_t>(d, "num_ctas");
+  p.num_comm_ctas = get<int32_t>(d, "num_comm_ctas");
+  p.policy = get<int32_t>(d, "policy");
+  p.timeline_per_cta = get<int32_t>(d, "timeline_per_cta");
+  p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
+  p.epoch = get<uint64_t>(d, "epoch");
+  p.timeout_ns = get<uint64_t>(d, "timeout_ns");
+  const int cooperative = get<int32_t>(d, "cooperative");
+  // Invariants the kernel relies on; Python checks them first with friendlier messages.
+  if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
+  // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)
+  if (p.world < 1 || p.world > 8) throw std::invalid_argument("weave launch: world size must be in [1, 8]");
+  if (p.dispatch_bulk < 0 || p.dispatch_bulk > weave::kMaxDispatchIssuers)
+    throw std::invalid_argument("weave launch: dispatch_bulk (issuing warps) must be in [0, kMaxDispatchIssuers]");
+  if (p.num_experts > 512 || p.num_experts != p.world * p.num_local_experts)
+    throw std::invalid_argument("weave launch: num_experts must equal world * num_local_experts and be <= 512");
+  if (p.world * p.num_experts > 2048)
+    throw std::invalid_argument("weave launch: world * num_experts must be <= 2048 (the kernel's count matrix)");
+  if (p.num_tokens > p.max_tokens) throw std::invalid_argument("weave launch: num_tokens > max_tokens");
+  if (p.epoch == 0) throw std::invalid_argument("weave launch: epoch must be >= 1");
+  if (p.policy == weave::kPolicyStatic && (p.num_comm_ctas < 1 || p.num_comm_ctas >= p.num_ctas))
+    throw std::invalid_argument("weave launch: static policy needs 1 <= num_comm_ctas < num_ctas");
+  if (p.policy == weave::kPolicyWeave) {
+    if (p.cost_table == nullptr || p.choice == nullptr)
+      throw std::invalid_argument("weave launch: weave policy needs the cost table and the choice buffer");
+    if (p.num_comm_ctas < 0 || p.num_comm_ctas >= p.num_ctas || p.num_ctas < 2)
+      throw std::invalid_argument("weave launch: weave policy needs 0 <= num_comm_ctas < num_ctas (0 = choose)");
+  }
+  if (p.policy < weave::kPolicySequential || p.policy > weave::kPolicyWeave)
+    throw std::invalid_argument("weave launch: unknown policy id");
+  if (p.num_ctas < p.world)  // CTA g pushes this rank's counts to rank g
+    throw std::invalid_argument("weave launch: num_ctas must be >= the world size");
+  const int err = weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative);
+  if (err != 0) throw std::runtime_error(std::string("weave launch failed: ") + weave_cuda_error_string(err));
+}
+
+py::dict timeline_layout() {
+  py::dict d;
+  d["itemsize"] = sizeof(weave::TimelineRecord);
+  d["start_ns"] = offsetof(weave::TimelineRecord, start_ns);
+  d["end_ns"] = offsetof(weave::TimelineRecord, end_ns);
+  d["sm"] = offsetof(weave::TimelineRecord, sm);
+  d["role"] = offsetof(weave::TimelineRecord, role);
+  d["kind"] = offsetof(weave::TimelineRecord, kind);
+  d["arg0"] = offsetof(weave::TimelineRecord, arg0);
+  d["arg1"] = offsetof(weave::TimelineRecord, arg1);
+  return d;
+}
+
+
+// ---- calibration microbenchmarks (calib.cuh; weave_kernel/calibrate.py checks the tensors) ----------------
+
+// The fields of Params the calibration kernels' spins, grid barrier and sym() read; the rest stay null.
+weave::Params calib_sync(const py::dict& d, int num_ctas) {
+  weave::Params p{};
+  p.err = ptr<int32_t>(d, "err");
+  p.timeout_ns = get<uint64_t>(d, "timeout_ns");
+  p.num_ctas = num_ctas;
+  if (d.contains("grid_bar")) p.grid_bar = ptr<uint32_t>(d, "grid_bar");
+  if (d.contains("peer_base")) p.peer_base = ptr<const uint64_t>(d, "peer_base");
+  if (d.contains("dispatch_bulk")) p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
+  if (p.err == nullptr || p.timeout_ns == 0) throw std::invalid_argument("weave calib: needs err and timeout_ns > 0");
+  return p;
+}
+
+void calib_check(int err, const char* what) {
+  if (err != 0) throw std::runtime_error(std::string(what) + " failed: " + weave_cuda_error_string(err));
+}
+
+void calib_push(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibPushArgs a{};
+  a.src = ptr<const void>(d, "src");
+  a.off_start_flag = get<int64_t>(d, "off_start_flag");
+  a.off_blk_flag = get<int64_t>(d, "off_blk_flag");
+  a.off_dst = get<int64_t>(d, "off_dst");
+  a.slot_bytes = get<int64_t>(d, "slot_bytes");
+  a.times = ptr<uint64_t>(d, "times");
+  a.rank = get<int32_t>(d, "rank");
+  a.world = get<int32_t>(d, "world");
+  a.num_peers = get<int32_t>(d, "num_peers");
+  a.num_blocks = get<int32_t>(d, "num_blocks");
+  a.block_rows = get<int32_t>(d, "block_rows");
+  a.row_chunks = get<int32_t>(d, "row_chunks");
+  a.epoch = get<uint64_t>(d, "epoch");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.sync.peer_base == nullptr) throw std::invalid_argument("weave calib push: needs peer_base");
+  if (a.world < 2 || a.world > 8 || a.rank < 0 || a.rank >= a.world || a.num_peers < 1 || a.num_peers >= a.world)
+    throw std::invalid_argument("weave calib push: needs 2 <= world <= 8 and 1 <= num_peers < world");
+  if (a.num_blocks < 1 || a.num_blocks > weave::kCalibMaxBlocks || a.block_rows < 1 || a.row_chunks < 1 ||
+      a.epoch == 0 || num_ctas < 1)
+    throw std::invalid_argument("weave calib push: bad sizes");
+  const int64_t rows_per_peer = static_cast<int64_t>((a.num_blocks + a.num_peers - 1) / a.num_peers) * a.block_rows;
+  if (rows_per_peer * a.row_chunks * 16 > a.slot_bytes)
+    throw std::invalid_argument("weave calib push: a peer's rows do not fit its receive slot");
+  calib_check(weave_calib_push(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib push");
+}
+
+void calib_gemm(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibGemmArgs a{};
+  a.a = ptr<const void>(d, "a");
+  a.b = ptr<const void>(d, "b");
+  a.c = ptr<void>(d, "c");
+  a.tickets = ptr<uint32_t>(d, "tickets");
+  a.num_experts = get<int32_t>(d, "num_experts");
+  a.rows_per_expert = get<int32_t>(d, "rows_per_expert");
+  a.n = get<int32_t>(d, "n");
+  a.k = get<int32_t>(d, "k");
+  a.num_chunks = get<int32_t>(d, "num_chunks");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.k % 64 || a.n % 64 || a.k < 64 || a.n < 64)
+    throw std::invalid_argument("weave calib gemm: n and k must be positive multiples of 64");
+  if (a.num_experts < 1 || a.rows_per_expert < 1 || a.num_chunks < 1 || num_ctas < 1)
+    throw std::invalid_argument("weave calib gemm: bad sizes");
+  if (static_cast<int64_t>(a.n) * a.k >= (int64_t{1} << 31) || 128 * static_cast<int64_t>(a.k) >= (int64_t{1} << 31))
+    throw std::invalid_argument("weave calib gemm: 32-bit operand offsets overflow");
+  if (a.num_chunks > 1 && a.sync.grid_bar == nullptr)
+    throw std::invalid_argument("weave calib gemm: chunks need grid_bar");
+  calib_check(weave_calib_gemm(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib gemm");
+}
+
+void calib_claim(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibClaimArgs a{};
+  a.counter = ptr<uint32_t>(d, "counter");
+  a.times = ptr<uint64_t>(d, "times");
+  a.claims = ptr<int32_t>(d, "claims");
+  a.total_tickets = get<int32_t>(d, "total_tickets");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.total_tickets < 0 || num_ctas < 1) throw std::invalid_argument("weave calib claim: bad sizes");
+  calib_check(weave_calib_claim(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib claim");
+}
+
+void calib_signal(const py::dict& d, int num_ctas, uint64_t stream) {
+  weave::CalibSignalArgs a{};
+  const py::list wait = get<py::list>(d, "wait"), post = get<py::list>(d, "post");
+  if (num_ctas < 1 || num_ctas > 2 || static_cast<int>(wait.size()) != num_ctas || static_cast<int>(post.size()) != num_ctas)
+    throw std::invalid_argument("weave calib signal: 1 or 2 CTAs, one wait and one post flag each");
+  for (int i = 0; i < num_ctas; ++i) {
+    a.wait[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(wait[i].cast<uint64_t>()));
+    a.post[i] = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(post[i].cast<uint64_t>()));
+  }
+  a.times = ptr<uint64_t>(d, "times");
+  a.base = get<uint64_t>(d, "base");
+  a.role0 = get<int32_t>(d, "role0");
+  a.rounds = get<int32_t>(d, "rounds");
+  a.warmup = get<int32_t>(d, "warmup");
+  a.sync = calib_sync(d, num_ctas);
+  if (a.role0 < 0 || a.role0 + num_ctas > 2 || a.rounds < 1 || a.warmup < 0 || a.warmup >= a.rounds)
+    throw std::invalid_argument("weave calib signal: roles in {0, 1}, 0 <= warmup < rounds");
+  calib_check(weave_calib_signal(&a, num_ctas, reinterpret_cast<void*>(static_cast<uintptr_t>(stream))), "calib signal");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Weave MoE megakernel launcher (raw addresses; tensors are checked in Python)";
+  m.def("launch", &launch, py::arg("params"), py::arg("stream"));
+  m.def("max_ctas", &weave_moe_max_ctas, py::arg("device"));
+  m.def("timeline_layout", &timeline_layout);
+  m.def("static_smem_bytes", &weave_static_smem_bytes);
+  m.attr("block_m") = 128;
+  m.attr("block_n") = 256;
+  m.attr("dim_align") = 64;
+  m.attr("max_experts") = 512;
+  m.attr("max_ranks") = 8;
+  m.attr("max_rank_experts") = 2048;
+  m.attr("cost_table_len") = weave::cost_table::kLen;
+  m.attr("cost_table_version") = weave::cost_table::kVersion;
+  m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);
+  m.def("calib_push", &calib_push, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_gemm", &calib_gemm, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_claim", &calib_claim, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.def("calib_signal", &calib_signal, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
+  m.attr("calib_max_blocks") = weave::kCalibMaxBlocks;
+}

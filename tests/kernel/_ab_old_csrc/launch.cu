@@ -1,0 +1,51 @@
+// C launcher for the megakernel: no torch headers here (they triple the build time).
+#include <cuda_runtime.h>
+
+#include "megakernel.cuh"
+#include "tma_host.h"
+
+namespace {
+constexpr int kStaticSmem = sizeof(weave::SharedLayout);
+}
+
+// cooperative != 0: a cooperative launch (the driver checks that the whole grid is co-resident). 0: a plain launch,
+// for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
+// cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
+  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  // the weights' TMA descriptors: w13 [El][2I][H] as [2 El][I][H] (z = 2 le + half), w2 [El][H][I]
+  weave::Params p = *params;
+  const uint64_t H = p.hidden, I = p.inter, El = p.num_local_experts;
+  int rc = weave::encode_weight_map(&p.tmap_w13, p.w13, H, I, 2 * El);
+  if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
+  if (rc != 0) return rc;
+  void* args[] = {&p};
+  if (cooperative)
+    err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
+                                      weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
+  else
+    err = cudaLaunchKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args, weave::Config::kSmemDynamic,
+                           static_cast<cudaStream_t>(stream));
+  return static_cast<int>(err);
+}
+
+// CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
+extern "C" int weave_moe_max_ctas(int device) {
+  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) != cudaSuccess)
+    return -1;
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, weave::Config::kThreads, weave::Config::kSmemDynamic) !=
+      cudaSuccess)
+    return -1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  return per_sm >= 1 ? sms : 0;
+}
+
+extern "C" const char* weave_cuda_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+extern "C" int weave_static_smem_bytes() { return kStaticSmem; }

@@ -1,0 +1,289 @@
+// The warp-specialised GEMM tile pipeline every GEMM phase runs (megakernel GEMM0 / GEMM1, calibration tiles).
+//
+//   producer  warpgroup 0. Thread 0 claims the next tile (Tiles::next: a ticket, then the wait until the tile's
+//             input rows exist) and publishes its descriptor in one of kSlots tile slots; the warpgroup loads the
+//             tile's pair ids into the slot, then streams its k-steps through a kStages-deep ring: A gathered by
+//             all 128 threads with cp.async (8 threads per 128-byte row: coalesced; rows past the block's end
+//             zero-filled), each thread's completion counted on the stage's "full" mbarrier; B (the weights) as
+//             two TMA boxes armed by thread 0 on the same barrier.
+//   consumers warpgroups 1-2 (64 tile rows each). Wait for a slot, then per k-step wait for the stage, issue
+//             4 wgmma, keep one group in flight and hand the previous stage back through its "empty" mbarrier;
+//             then the epilogue (Tiles::epilogue: outputs staged as bf16 in the tile's last stage, which the
+//             consumers keep until then, and copied out in 16-byte stores) and the tile's signal
+//             (Tiles::tile_done); the last stage and the slot go back to the producer.
+//
+// The producer runs up to a tile ahead: while the consumers finish tile i (last MMAs, epilogue), it has already
+// claimed tile i + 1, waited for its rows and filled the other kStages - 1 stages, so the next tile's MMAs start
+// on loaded operands, and no CTA-wide barrier sits in the loop. The ring and slot
+// positions persist in shared memory across calls (PipeState::it / tiles), so the mbarrier phase parities stay
+// consistent from one GEMM phase to the next.
+//
+// Failure handling: every mbarrier wait and every spin has a deadline (error 8 / the spin's own error) and ends
+// early once any error was raised. Waits that fail inside a tile do not change the control flow (the tile runs
+// on with garbage, the call's result is discarded); the decision to stop is taken once per tile by one thread
+// and broadcast, so the warpgroups never split at a named barrier. Framework-free.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+#include "gemm_common.cuh"
+#include "layout.cuh"
+#include "sync.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace weave {
+
+enum TileKind : int {
+  kTileLost = -1,  // the slot could not be handed over (the partner stopped after an error)
+  kTileEnd = 0,    // no tickets left
+  kTileAbort = 1,  // the producer gave up (an error was raised)
+  kTileGemm0 = 2,
+  kTileGemm1 = 3,
+};
+
+struct TileDesc {
+  int kind;
+  int col;    // column block
+  int num_k;  // k steps (K / kBlockK)
+  RowBlock b; // the row block (calibration: le = expert, row0 = first row inside the expert's rows)
+};
+
+// One tile in flight: its descriptor and its rows' pair ids / source ranks (the GEMM1 epilogue pushes by them).
+struct TileSlot {
+  int pair[Config::kBlockM];
+  TileDesc d;
+  uint8_t psrc[Config::kBlockM];  // ranks < kMaxRanks
+};
+static_assert(Config::kMaxRanks <= 256, "TileSlot::psrc holds a rank in a byte");
+
+struct PipeState {
+  uint64_t full[Config::kStages];       // 128 cp.async arrivals + 1 expect_tx arrival (+ the TMA bytes)
+  uint64_t empty[Config::kStages];      // one arrival per consumer warpgroup
+  uint64_t slot_full[Config::kSlots];   // the producer published the slot
+  uint64_t slot_empty[Config::kSlots];  // the consumers are done with it
+  uint32_t it;                          // k-steps through the ring so far (all calls of this launch)
+  uint32_t tiles;                       // descriptors through the slots so far
+  int prod_kind, cons_kind;             // per-tile decisions, broadcast inside a role
+};
+
+static_assert(Config::kSmemPipe % 1024 == 0 && Config::kSmemSlotOffset % 16 == 0, "stage / slot alignment");
+static_assert((Config::kSmemSlotOffset + Config::kSlots * sizeof(TileSlot)) % alignof(PipeState) == 0,
+              "PipeState alignment");
+static_assert(Config::kSlots * sizeof(TileSlot) + sizeof(PipeState) <= Config::kSmemCtrlBytes,
+              "tile slots + pipeline state must fit Config::kSmemCtrlBytes");
+
+// Named barriers (0 is __syncthreads).
+constexpr int kBarProducer = 1, kBarConsumers = 2, kBarConsumerWg0 = 3;  // + 1: consumer warpgroup 1
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ uint8_t* pipe_stage(uint8_t* smem, int s) { return smem + s * Config::kSmemStage; }
+__device__ __forceinline__ TileSlot* tile_slot(uint8_t* smem, int slot) {
+  return reinterpret_cast<TileSlot*>(smem + Config::kSmemSlotOffset) + slot;
+}
+__device__ __forceinline__ PipeState* pipe_state(uint8_t* smem) {
+  return reinterpret_cast<PipeState*>(tile_slot(smem, Config::kSlots));
+}
+
+// Thread 0 once per launch, before any tile; the caller follows with __syncthreads.
+__device__ __forceinline__ void init_pipeline(uint8_t* smem) {
+  if (threadIdx.x != 0) return;
+  PipeState* ps = pipe_state(smem);
+  for (int s = 0; s < Config::kStages; ++s) {
+    mbar_init(&ps->full[s], Config::kProducerThreads + 1);
+    mbar_init(&ps->empty[s], Config::kConsumerThreads / 128);
+  }
+  for (int s = 0; s < Config::kSlots; ++s) {
+    mbar_init(&ps->slot_full[s], 1);
+    mbar_init(&ps->slot_empty[s], 1);
+  }
+  ps->it = 0;
+  ps->tiles = 0;
+  mbar_init_fence();
+}
+
+// Consumers: copy the staged [kBlockM][kStageCols] block out, 16 bytes per thread and step: row m's first
+// `cols` columns (a multiple of 8) to dst_row(m), for rows m < num_rows.
+template <typename DstRow>
+__device__ __forceinline__ void store_staged(const uint8_t* staging, int num_rows, int cols, DstRow dst_row) {
+  constexpr int kChunks = Config::kStageCols / 8;
+  const int ct = threadIdx.x - Config::kProducerThreads;
+#pragma unroll 1  // unrolled, the loads in flight pushed the consumers past their register budget (spills)
+  for (int c = ct; c < Config::kBlockM * kChunks; c += Config::kConsumerThreads) {
+    const int m = c / kChunks, chunk = c % kChunks;
+    if (m < num_rows && chunk * 8 < cols)
+      *reinterpret_cast<int4*>(dst_row(m) + chunk * 8) =
+          *reinterpret_cast<const int4*>(staging + staging_offset(m, chunk * 8));
+  }
+}
+
+// Consumers: a plain (no activation) tile's 256 output columns c0 .. c0 + 255 to global memory, staged in two
+// 128-column passes; dst(m, c) is the address of row m's column c, and columns >= limit do not exist (N).
+// Ends with a consumer barrier (the staging is free again).
+template <typename Dst>
+__device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* staging, int num_rows, int c0, int limit,
+                                                 Dst dst) {
+  TileOut out;
+  pack_plain(acc, out);
+  stage_pairs<0>(out, staging);
+  named_sync(kBarConsumers, Config::kConsumerThreads);
+  store_staged(staging, num_rows, min(Config::kStageCols, limit - c0), [&](int m) { return dst(m, c0); });
+  named_sync(kBarConsumers, Config::kConsumerThreads);
+  const int c1 = c0 + Config::kStageCols;
+  if (c1 < limit) {
+    stage_pairs<32>(out, staging);
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    store_staged(staging, num_rows, min(Config::kStageCols, limit - c1), [&](int m) { return dst(m, c1); });
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+  }
+}
+
+// Producer warpgroup: claim, publish, load. Returns false if it stopped on an error.
+template <typename Tiles>
+__device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Tiles& T, uint32_t it, uint32_t tiles) {
+  PipeState* ps = pipe_state(smem);
+  const int pt = threadIdx.x;  // 0 .. kProducerThreads - 1
+  bool ok = true;
+  for (;; ++tiles) {
+    const int slot = static_cast<int>(tiles % Config::kSlots);
+    TileSlot* ts = tile_slot(smem, slot);
+    if (pt == 0) {
+      // The slot first, then the ticket: a tile is claimed only once the consumers have started the one before
+      // it, so a CTA holds at most one claimed tile beyond the one it computes (claiming further ahead left
+      // tiles queued behind busy CTAs at the end of a phase while others ran dry).
+      TileDesc d;
+      if (tiles >= Config::kSlots &&
+          !mbar_wait(p, &ps->slot_empty[slot], ((tiles / Config::kSlots) - 1) & 1u, 100 + slot, static_cast<int>(tiles))) {
+        d.kind = kTileLost;
+      } else {
+        if (!ok || !T.next(d)) d.kind = kTileAbort;
+        ts->d = d;
+      }
+      ps->prod_kind = d.kind;
+    }
+    named_sync(kBarProducer, Config::kProducerThreads);
+    const int kind = ps->prod_kind;
+    if (kind < kTileGemm0) {
+      if (pt == 0 && kind != kTileLost) mbar_arrive(&ps->slot_full[slot]);
+      return ok && kind == kTileEnd;
+    }
+    const TileDesc d = ts->d;
+    T.prepare(d, *ts);
+    named_sync(kBarProducer, Config::kProducerThreads);  // the slot's pair ids are complete (and prod_kind read)
+    if (pt == 0) mbar_arrive(&ps->slot_full[slot]);
+    // A: chunk c = pt + 128 i of the 128 x 8 chunks of a stage, i.e. row c / 8, 16-byte chunk c % 8
+    const bf16* a_row[Config::kAChunks];
+    const int nrows = d.b.num_rows;
+#pragma unroll
+    for (int i = 0; i < Config::kAChunks; ++i) {
+      const int m = (pt + Config::kProducerThreads * i) >> 3;
+      a_row[i] = T.a_row(d, *ts, m < nrows ? m : 0);  // row 0 always exists: a valid address for zero-fill
+    }
+    const void* b_map;
+    int by[2], bz[2];
+    T.b_boxes(d, &b_map, by, bz);
+    for (int k = 0; k < d.num_k; ++k, ++it) {
+      const int st = static_cast<int>(it % Config::kStages);
+      const uint32_t use = it / Config::kStages;
+      if (use > 0 && !mbar_wait(p, &ps->empty[st], (use - 1) & 1u, st, k)) ok = false;
+      const uint32_t sa = smem_u32(pipe_stage(smem, st));
+#pragma unroll
+      for (int i = 0; i < Config::kAChunks; ++i) {
+        const int c = pt + Config::kProducerThreads * i, m = c >> 3, chunk = c & 7;
+        cp_async_16(sa + swz(m, chunk), a_row[i] + k * Config::kBlockK + chunk * 8, m < nrows);
+      }
+      mbar_arrive_cp_async(&ps->full[st]);
+      if (pt == 0) {
+        mbar_arrive_expect_tx(&ps->full[st], Config::kSmemB);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          tma_load_3d(sa + Config::kSmemA + i * Config::kBoxRows * 128, b_map, &ps->full[st], k * Config::kBlockK,
+                      by[i], bz[i]);
+      }
+    }
+  }
+}
+
+// Consumer warpgroups: MMAs and epilogues. Writes the ring / slot positions back. Returns false on an error.
+template <typename Tiles>
+__device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Tiles& T, uint32_t it, uint32_t tiles) {
+  PipeState* ps = pipe_state(smem);
+  const int ct = threadIdx.x - Config::kProducerThreads, cw = ct / 128;
+  const bool leader = ct == 0;
+  const uint32_t smem_base = smem_u32(smem);
+  bool ok = true;
+  auto release = [&](uint32_t i) {  // this warpgroup retired the MMAs that read ring position i
+    named_sync(kBarConsumerWg0 + cw, 128);
+    if (ct % 128 == 0) mbar_arrive(&ps->empty[i % Config::kStages]);
+  };
+  for (;; ++tiles) {
+    const int slot = static_cast<int>(tiles % Config::kSlots);
+    TileSlot* ts = tile_slot(smem, slot);
+    const uint64_t t_wait = leader ? T.now() : 0;
+    if (leader)
+      ps->cons_kind = mbar_wait(p, &ps->slot_full[slot], (tiles / Config::kSlots) & 1u, 200 + slot,
+                                static_cast<int>(tiles))
+                          ? ts->d.kind
+                          : static_cast<int>(kTileLost);
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    const int kind = ps->cons_kind;
+    if (kind < kTileGemm0) {
+      if (leader && kind != kTileLost) mbar_arrive(&ps->slot_empty[slot]);
+      if (kind != kTileLost) ++tiles;
+      ok = ok && kind == kTileEnd;
+      break;
+    }
+    const TileDesc& d = ts->d;  // read where used: a copy would hold 11 registers through the MMAs
+    const int num_k = d.num_k;
+    const uint64_t t_start = leader ? T.now() : 0;
+    TileAcc acc;
+#pragma unroll
+    for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
+    for (int k = 0; k < num_k; ++k, ++it) {
+      const int st = static_cast<int>(it % Config::kStages);
+      if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+      fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
+      const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
+      const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
+      mma_stage(acc, sa, sb);
+      wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
+      if (k > 0) release(it - 1);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    // The tile's last stage stays with the consumers: once both warpgroups' MMAs are done with it, the epilogue
+    // stages the outputs there, while the producer fills the other stages with the next tile; then it goes back.
+    uint8_t* staging = pipe_stage(smem, static_cast<int>((it - 1) % Config::kStages));
+    fence_proxy_async_smem();  // the MMAs read it through the async proxy; the staging writes are generic
+    named_sync(kBarConsumers, Config::kConsumerThreads);
+    T.epilogue(d, *ts, acc, staging);  // ends with a consumer barrier: the tile's outputs are all written
+    fence_proxy_async_smem();  // the staging accesses before the producer's next (async-proxy) writes there
+    release(it - 1);
+    if (leader) {
+      T.tile_done(d, t_wait, t_start);
+      mbar_arrive(&ps->slot_empty[slot]);
+    }
+  }
+  if (leader) {
+    ps->it = it;
+    ps->tiles = tiles;
+  }
+  return ok;
+}
+
+// All threads: run tiles until Tiles::next has none left. true if no error was raised on the way.
+template <typename Tiles>
+__device__ __forceinline__ bool run_tiles(const Params& p, uint8_t* smem, Tiles& T) {
+  PipeState* ps = pipe_state(smem);
+  __syncthreads();  // the previous call's positions were written back
+  const uint32_t it = ps->it, tiles = ps->tiles;
+  __syncthreads();  // everyone read them before the consumers' leader overwrites them
+  const bool ok = threadIdx.x < Config::kProducerThreads ? produce_tiles(p, smem, T, it, tiles)
+                                                         : consume_tiles(p, smem, T, it, tiles);
+  return cta_all(ok);
+}
+
+}  // namespace weave

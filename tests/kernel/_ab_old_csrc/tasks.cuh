@@ -1,0 +1,318 @@
+// The tasks a CTA runs: dispatch a row block, GEMM0 (+SwiGLU) and GEMM1 (+combine push) tiles, push a row
+// block back (sequential policy), and the weighted reduction. Framework-free: raw pointers only.
+#pragma once
+#include <cstdint>
+
+#include "bulk_copy.cuh"
+#include "config.cuh"
+#include "gemm.cuh"
+#include "pipeline.cuh"
+#include "layout.cuh"
+#include "sync.cuh"
+
+namespace weave {
+
+// ---- symmetric-buffer addressing ----------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ T* sym(const Params& p, int rank, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p.peer_base[rank]) + static_cast<uint64_t>(offset));
+}
+
+// ---- timeline -----------------------------------------------------------------------------------------
+// One thread records: thread 0 outside the GEMM phases, the consumers' leader (thread kProducerThreads) inside.
+__device__ __forceinline__ void tl_record_span(const Params& p, SharedLayout& s, uint64_t t0, uint64_t t1,
+                                               uint16_t role, uint16_t kind, int a0, int a1, int who = 0) {
+  if (p.timeline == nullptr || static_cast<int>(threadIdx.x) != who) return;
+  const int n = s.tl_count;
+  if (n >= p.timeline_per_cta) return;
+  TimelineRecord r;
+  r.start_ns = t0;
+  r.end_ns = t1;
+  r.sm = smid();
+  r.role = role;
+  r.kind = kind;
+  r.arg0 = a0;
+  r.arg1 = a1;
+  p.timeline[static_cast<int64_t>(blockIdx.x) * p.timeline_per_cta + n] = r;
+  s.tl_count = n + 1;
+}
+__device__ __forceinline__ void tl_record(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role,
+                                          uint16_t kind, int a0, int a1, int who = 0) {
+  if (p.timeline != nullptr && static_cast<int>(threadIdx.x) == who)
+    tl_record_span(p, s, t0, globaltimer_ns(), role, kind, a0, a1, who);
+}
+// Record a wait only when it cost something (keeps traces small).
+__device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64_t t0, uint16_t role, int a0,
+                                        int a1, int who = 0) {
+  if (p.timeline != nullptr && static_cast<int>(threadIdx.x) == who && globaltimer_ns() - t0 > 1000)
+    tl_record(p, s, t0, role, kTaskWait, a0, a1, who);
+}
+__device__ __forceinline__ uint64_t tl_now(const Params& p) { return p.timeline ? globaltimer_ns() : 0; }
+
+// ---- row copies (16-byte accesses, kCopyUnroll loads in flight per thread) -------------------------------
+// Copies num_rows rows of row_chunks 16-byte chunks from src_row(m) to dst_row(m).
+template <typename SrcRow, typename DstRow>
+__device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow src_row, DstRow dst_row) {
+  const int total = num_rows * row_chunks;
+  constexpr int U = Config::kCopyUnroll;
+  for (int base = threadIdx.x; base < total; base += Config::kThreads * U) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = base + u * Config::kThreads;
+      if (idx < total) v[u] = __ldcg(src_row(idx / row_chunks) + idx % row_chunks);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = base + u * Config::kThreads;
+      if (idx < total) dst_row(idx / row_chunks)[idx % row_chunks] = v[u];
+    }
+  }
+}
+
+// ---- dispatch: push one row piece of this rank's tokens into the owner's receive buffer -----------------
+// The piece lies inside one of the owner's row blocks; its flag is (row block, source) = (row0 / BM, rank).
+// pair: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile). With p.dispatch_bulk the rows go
+// by bulk copies through the operand stages at `smem` (bulk_copy.cuh); false if one never landed.
+__device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s, uint8_t* smem, int* pair,
+                                               const RowBlock& b) {
+  const int H = p.hidden;
+  int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
+  if (threadIdx.x < b.num_rows) {
+    const int id = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
+    pair[threadIdx.x] = id;
+    meta[b.row0 + threadIdx.x] = id;
+  }
+  __syncthreads();
+  const int4* x = reinterpret_cast<const int4*>(p.x);
+  int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
+  const int row_chunks = H / 8;
+  auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
+  auto dst_row = [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; };
+  if (p.dispatch_bulk) {
+    if (!bulk_copy_rows_cta(p, s.ring, smem, b.num_rows, H * 2, src_row, dst_row)) return false;  // ends with a barrier
+  } else {
+    copy_rows(b.num_rows, row_chunks, src_row, dst_row);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + (b.row0 / Config::kBlockM) * p.world + p.rank,
+                       p.epoch);
+  }
+  return true;
+}
+
+// Pair ids (token * top_k + j on the source) and source ranks of a computed block's rows into ts.pair and
+// ts.psrc (threads [0, num_rows)). The owner's own rows (the expert's first rows) come from this rank's sorted
+// pair list, received rows from the metadata their source pushed with them. No barrier.
+__device__ __forceinline__ void load_block_pairs(const Params& p, const SharedLayout& s, const LayoutView& lv,
+                                                 const RowBlock& b, TileSlot& ts) {
+  if (threadIdx.x >= b.num_rows) return;
+  const int er = b.slot0 + threadIdx.x;  // row inside the expert's rows
+  if (er < lv.step_rows(b, 0)) {
+    ts.pair[threadIdx.x] = __ldcg(p.sorted_pair + s.ebase[b.expert] + er);
+    ts.psrc[threadIdx.x] = p.rank;
+    return;
+  }
+  int step = 1;
+  while (step + 1 < p.world && lv.step_begin(b, step + 1) <= er) ++step;
+  ts.pair[threadIdx.x] = __ldcg(sym<const int32_t>(p, p.rank, p.off_recv_meta) + b.row0 + threadIdx.x);
+  ts.psrc[threadIdx.x] = (p.rank - step + p.world) % p.world;
+}
+
+// One thread: wait until every source whose rows fall into compute block b has published them.
+__device__ __forceinline__ bool block_rows_ready(const Params& p, const LayoutView& lv, const RowBlock& b) {
+  const int rb = b.row0 / Config::kBlockM;
+  for (int step = 1; step < p.world; ++step) {
+    const int n = lv.step_rows(b, step), beg = lv.step_begin(b, step);
+    if (n == 0 || beg >= b.slot0 + b.num_rows || beg + n <= b.slot0) continue;
+    const int src = (p.rank - step + p.world) % p.world;
+    const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_blk_flag) + rb * p.world + src;
+    if (!spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutRows, rb, src)) return false;
+  }
+  return true;
+}
+
+// ---- the GEMM tiles of the megakernel, as a tile source for run_tiles (pipeline.cuh) ----------------------
+//   GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T); A rows gathered from x (this rank's own
+//          tokens) and from the receive buffer; waits for the rows' dispatch flags.
+//   GEMM1: out[rows, kBlockN cols] = h_rows W2^T; waits until all GEMM0 tiles of the block are done; pushed
+//          straight into the source's combine slots (static / weave), or written in place over the receive rows
+//          (sequential: the combine phase pushes them later).
+// Tickets: one counter over the expert segments of s.tk: segment i holds the GEMM0 tiles of local expert i (if
+// with_g0) and then the GEMM1 tiles of expert i - L (if i >= L); within a segment column block, then row block,
+// so consecutive tiles share a weight tile. static / weave: both kinds in one pass (gemm_phases picks L);
+// sequential: a GEMM0-only pass (L = El), then a GEMM1-only pass (with_g0 = false, L = 0).
+struct MoeTiles {
+  const Params& p;
+  SharedLayout& s;
+  const LayoutView& lv;
+  uint16_t role;       // timeline label
+  uint32_t* ticket;
+  int num_seg, L;
+  bool with_g0;        // segments start with their expert's GEMM0 tiles
+  bool push;           // GEMM1 epilogue: into the source's combine slot (else in place over the receive row)
+
+  // producer thread 0: the next tile and its inputs ready; false on an error
+  __device__ __forceinline__ bool next(TileDesc& d) {
+    const int t = static_cast<int>(atomicAdd(ticket, 1u));
+    if (t >= s.tk[num_seg]) {
+      d.kind = kTileEnd;
+      return true;
+    }
+    const int n0 = ceil_div(p.inter, Config::kHalfN);
+    const int seg = find_segment(s.tk, num_seg, t);
+    int off = t - s.tk[seg];
+    const int g0_tiles = with_g0 && seg < p.num_local_experts ? n0 * lv.expert_num_blocks(seg) : 0;
+    const bool g0 = off < g0_tiles;
+    const int le = g0 ? seg : seg - L, nblk = lv.expert_num_blocks(le);
+    if (!g0) off -= g0_tiles;
+    d.kind = g0 ? kTileGemm0 : kTileGemm1;
+    d.col = off / nblk;
+    d.b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
+    const int rb = d.b.row0 / Config::kBlockM;
+    if (g0) {
+      d.num_k = p.hidden / Config::kBlockK;
+      return block_rows_ready(p, lv, d.b);
+    }
+    d.num_k = p.inter / Config::kBlockK;
+    const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
+    return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= static_cast<uint32_t>(n0); }, kErrTimeoutGemm0, rb,
+                      d.col);
+  }
+  // producer warpgroup
+  __device__ __forceinline__ void prepare(const TileDesc& d, TileSlot& ts) { load_block_pairs(p, s, lv, d.b, ts); }
+  __device__ __forceinline__ const bf16* a_row(const TileDesc& d, const TileSlot& ts, int m) const {
+    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(d.b.row0 + m) * p.inter;
+    // own rows: gathered from x; others: received rows
+    return ts.psrc[m] == p.rank
+               ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * p.hidden
+               : sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(d.b.row0 + m) * p.hidden;
+  }
+  // GEMM0: box 0 = the gate rows of h columns [col * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh; rows
+  // past I arrive as zeros and their h columns are not stored); GEMM1: two 128-row halves of W2's column block
+  __device__ __forceinline__ void b_boxes(const TileDesc& d, const void** map, int* y, int* z) const {
+    static_assert(Config::kHalfN == Config::kBoxRows, "GEMM0 B: one box of gate rows, one of up rows");
+    if (d.kind == kTileGemm0) {
+      *map = &p.tmap_w13;
+      y[0] = y[1] = d.col * Config::kHalfN;
+      z[0] = 2 * d.b.le;
+      z[1] = 2 * d.b.le + 1;
+    } else {
+      *map = &p.tmap_w2;
+      y[0] = d.col * Config::kBlockN;
+      y[1] = d.col * Config::kBlockN + Config::kBoxRows;
+      z[0] = z[1] = d.b.le;
+    }
+  }
+  // consumers; ends with a consumer barrier
+  __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot& ts, const TileAcc& acc, uint8_t* staging) const {
+    const int H = p.hidden, I = p.inter, row0 = d.b.row0;
+    if (d.kind == kTileGemm0) {
+      const int c0 = d.col * Config::kHalfN;
+      bf16* h = reinterpret_cast<bf16*>(p.h) + c0;
+      TileOut out;
+      pack_swiglu(acc, out);
+      stage_pairs<0>(out, staging);
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      store_staged(staging, d.b.num_rows, min(Config::kHalfN, I - c0),
+                   [&](int m) { return h + static_cast<int64_t>(row0 + m) * I; });
+      named_sync(kBarConsumers, Config::kConsumerThreads);
+      return;
+    }
+    // static / weave: into the source's combine slot; sequential: over the receive row
+    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, H, [&](int m, int col) {
+      return (push ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
+                   : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(row0 + m) * H) + col;
+    });
+  }
+  // consumers' leader, after the epilogue
+  __device__ __forceinline__ void tile_done(const TileDesc& d, uint64_t t_wait, uint64_t t_start) const {
+    const int rb = d.b.row0 / Config::kBlockM, who = Config::kProducerThreads;
+    if (d.kind == kTileGemm0) {
+      __threadfence();
+      red_release_gpu_add_u32(p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb, 1u);
+    } else {
+      ++s.g1_tiles;
+    }
+    if (t_start - t_wait > 1000) tl_record_span(p, s, t_wait, t_start, role, kTaskWait, rb, d.col, who);
+    tl_record(p, s, t_start, role, d.kind == kTileGemm0 ? kTaskGemm0 : kTaskGemm1, rb, d.col, who);
+  }
+  __device__ __forceinline__ uint64_t now() const { return tl_now(p); }
+};
+
+// Tell every source that this owner's combine rows have all landed.
+__device__ __forceinline__ void post_combine_flags(const Params& p) {
+  __threadfence_system();
+  for (int g = 0; g < p.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, p.off_comb_flag) + p.rank, p.epoch);
+}
+
+// ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
+__device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, const LayoutView& lv,
+                                              const RowBlock& b, TileSlot& ts) {
+  const int row_chunks = p.hidden / 8;
+  load_block_pairs(p, s, lv, b, ts);
+  __syncthreads();
+  const int4* out = sym<const int4>(p, p.rank, p.off_recv_x);
+  copy_rows(
+      b.num_rows, row_chunks, [&](int m) { return out + static_cast<int64_t>(b.row0 + m) * row_chunks; },
+      [&](int m) { return sym<int4>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * row_chunks; });
+  __syncthreads();
+}
+
+// ---- weighted reduction on the source: y[t] = sum_j w[t, j] * comb[t * k + j] ---------------------------
+__device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, uint16_t role) {
+  const uint64_t t0 = tl_now(p);
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    for (int g = 0; g < p.world && ok; ++g) {
+      const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_comb_flag) + g;
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCombine, g, 0);
+    }
+  }
+  if (!cta_all(ok)) return false;
+  tl_wait(p, s, t0, role, -1, -1);
+  const uint64_t t1 = tl_now(p);
+  const int row_chunks = p.hidden / 8, k = p.top_k;
+  const int64_t total = static_cast<int64_t>(p.num_tokens) * row_chunks;
+  const int4* comb = sym<const int4>(p, p.rank, p.off_comb);
+  int4* y = reinterpret_cast<int4*>(p.y);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * Config::kThreads + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(p.num_ctas) * Config::kThreads) {
+    const int64_t t = idx / row_chunks;
+    const int c = static_cast<int>(idx % row_chunks);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    // up to 8 of the k rows in flight per thread (the loads are independent; one at a time left the
+    // reduction at about half of HBM bandwidth)
+    for (int j0 = 0; j0 < k; j0 += 8) {
+      int4 v[8];
+      float wj[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const bool ok = j0 + u < k;
+        wj[u] = ok ? __ldg(p.topk_weights + t * k + j0 + u) : 0.f;
+        v[u] = ok ? __ldcg(comb + (t * k + j0 + u) * row_chunks + c) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(v2[q]);
+          acc[2 * q] += wj[u] * f.x;
+          acc[2 * q + 1] += wj[u] * f.y;
+        }
+      }
+    }
+    int4 o;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    y[idx] = o;
+  }
+  tl_record(p, s, t1, role, kTaskReduce, -1, -1);
+  return true;
+}
+
+}  // namespace weave

@@ -1,0 +1,126 @@
+// Hopper tensor-core pieces of the GEMM tiles: wgmma.mma_async m64n256k16 (sm_90a), bf16 in, fp32 accumulators
+// in registers; the two consumer warpgroups each own 64 rows of the 128 x 256 tile and read A and B from
+// 128-byte-swizzled smem stages (the SW128 K-major canonical layout, so the stage bases are 1024-byte aligned).
+// The epilogue stages accumulators as bf16 in a swizzled [kBlockM][kStageCols] buffer. The loop that drives
+// them is pipeline.cuh. Framework-free.
+//
+// No wgmma instruction may sit under a branch that depends on the thread in a way ptxas cannot prove
+// warpgroup-uniform (e.g. "this warpgroup's 64 rows are all padding, skip"): ptxas then inserts a warpgroup
+// dependency barrier (WG.DP) in the divergent path and serialises every wgmma of the kernel (warning C7518: each
+// HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). The producer /
+// consumer split on threadIdx.x / 128 is provably uniform; tests/kernel/test_csrc.py asserts no C7518.
+#pragma once
+#include <cstdint>
+
+#include "config.cuh"
+#include "gemm_common.cuh"
+
+namespace weave {
+
+struct TileAcc {
+  float d[Config::kBlockN / 2];  // m64n256: 128 fp32 per thread
+};
+
+// Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, 8-row atoms 1024 bytes apart.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr) {
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);  // start address
+  desc |= static_cast<uint64_t>(1) << 16;                      // leading byte offset (unused for SW128 K-major)
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;              // stride byte offset: 8 rows x 128 B
+  desc |= static_cast<uint64_t>(1) << 62;                      // layout: 128-byte swizzle
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// One k step of a consumer warpgroup: its 64 A rows at sa times the stage's B at sb (both SW128), 4 x
+// m64n256k16 committed as one group (the caller waits on it). Every tile loop issues its MMAs through here.
+__device__ __forceinline__ void mma_stage(TileAcc& acc, uint32_t sa, uint32_t sb) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
+    wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
+  wgmma_commit();
+}
+
+// Pin the accumulators after wgmma_wait: the compiler sees them as outputs of the wgmma asm only, and could
+// otherwise schedule reads of them before the wait that makes them final.
+__device__ __forceinline__ void fence_acc(TileAcc& acc) {
+#pragma unroll
+  for (int i = 0; i < Config::kBlockN / 2; ++i) asm volatile("" : "+f"(acc.d[i])::"memory");
+}
+
+// Accumulator element r of a consumer thread: row and column inside the tile (m64nNk16 fragment layout; consumer
+// warpgroup w owns rows [64 w, 64 w + 64)).
+__device__ __forceinline__ int acc_row(int r) {
+  const int ct = threadIdx.x - Config::kProducerThreads;
+  const int wg = ct / 128, w4 = (ct / 32) % 4, lane = ct & 31;
+  return wg * 64 + w4 * 16 + (lane >> 2) + (((r & 3) >> 1) << 3);
+}
+__device__ __forceinline__ int acc_col(int r) { return (r >> 2) * 8 + ((threadIdx.x & 3) << 1) + (r & 1); }
+
+// The epilogue staging buffer: kBlockM rows of kStageCols bf16, each row padded by 16 bytes (kStagingRow bytes =
+// 68 words, so the 8 rows a warp writes per accumulator pair start 4 banks apart: conflict-free; a pair's address
+// is the thread's base plus a compile-time offset, so no per-element address stays live in registers).
+__device__ __forceinline__ uint32_t staging_offset(int row, int col) {
+  return static_cast<uint32_t>(row * Config::kStagingRow + col * 2);
+}
+
+// GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (the producer
+// loads them so), so every thread holds gate and up of the same h column in accumulators r and r + kBlockN / 4:
+// SwiGLU stays in registers. The division is the fast one (__fdividef: 2 ulp; a denominator above 2^126, i.e.
+// g < -87, gives 0, silu's limit there): the IEEE `/` brought a slow-path subroutine whose call made ptxas spill
+// around the epilogue, and took a GEMM0 tile's epilogue from about 5 to 7-15 us inside the layer; removing it made
+// layers 7-13% faster (docs/kernel.md, "The SwiGLU division").
+__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+
+// A thread's outputs as bf16 pairs: pair j holds accumulators (2j, 2j + 1), i.e. row acc_row(2j), columns
+// acc_col(2j) and + 1. Packing first halves the registers the epilogue holds across its barriers (the 128 fp32
+// accumulators are dead once packed).
+struct TileOut {
+  uint32_t v[Config::kBlockN / 4];
+};
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// GEMM1: all 64 pairs.
+__device__ __forceinline__ void pack_plain(const TileAcc& acc, TileOut& out) {
+#pragma unroll
+  for (int j = 0; j < Config::kBlockN / 4; ++j) out.v[j] = pack_bf16x2(acc.d[2 * j], acc.d[2 * j + 1]);
+}
+// GEMM0: pairs [0, 32) = SwiGLU(gate, up) of h columns [0, kHalfN).
+__device__ __forceinline__ void pack_swiglu(const TileAcc& acc, TileOut& out) {
+  constexpr int kUp = Config::kBlockN / 4;  // accumulator offset of the up half
+#pragma unroll
+  for (int j = 0; j < kUp / 2; ++j) {
+    const int r = 2 * j;
+    out.v[j] = pack_bf16x2(silu(acc.d[r]) * acc.d[r + kUp], silu(acc.d[r + 1]) * acc.d[r + kUp + 1]);
+  }
+}
+// Stage pairs [kFirst, kFirst + 32) (tile columns [4 kFirst, 4 kFirst + 128)) as bf16 [BM][kStageCols].
+template <int kFirst>
+__device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging) {
+  constexpr int kPairs = Config::kStageCols / 4;  // 32 pairs of a thread cover 128 tile columns
+  uint8_t* base = staging + staging_offset(acc_row(0), acc_col(0));
+#pragma unroll
+  for (int j = kFirst; j < kFirst + kPairs; ++j)  // pair j: row + 8 (j & 1), column 8 (j / 2) (acc_row / acc_col)
+    *reinterpret_cast<uint32_t*>(base + (j & 1) * 8 * Config::kStagingRow + ((j - kFirst) >> 1) * 16) = out.v[j];
+}
+
+}  // namespace weave
