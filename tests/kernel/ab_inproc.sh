@@ -6,7 +6,8 @@
 # timeline of the first configuration for each version. Needs $OUT. The old sources must be in the working tree
 # (the device copy has no .git), e.g. for commit abc1234:
 #   mkdir -p tests/kernel/_ab_old_csrc && for f in $(git ls-files weave_kernel/csrc); do
-#     git show abc1234:$f > tests/kernel/_ab_old_csrc/$(basename $f); done     # (delete it afterwards)
+#     git show abc1234:$f > tests/kernel/_ab_old_csrc/$(basename $f); done     # git ignores the folder:
+#   name it in the device tool's carry list, e.g. carry ["tests/kernel/_ab_old_csrc"]
 # Knobs: AB_BENCH_ARGS (benchmark arguments), AB_TRACE_ARGS (the traced configuration), AB_PRE (a command run
 # after the tests, e.g. a microbenchmark of both versions; $AB_OLD names the old folder), END_S (seconds for
 # the whole script). Used for "The choice, evaluated per c" in docs/kernel.md.

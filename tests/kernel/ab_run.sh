@@ -5,7 +5,8 @@
 # (compare_bench.py old vs new). Needs $OUT. The old sources must be in the working tree before the call (the
 # device copy has no .git), e.g. for commit 9c0f8fa:
 #   mkdir -p tests/kernel/_ab_old_csrc && for f in $(git ls-files weave_kernel/csrc); do
-#     git show 9c0f8fa:$f > tests/kernel/_ab_old_csrc/$(basename $f); done     # (delete it afterwards)
+#     git show 9c0f8fa:$f > tests/kernel/_ab_old_csrc/$(basename $f); done     # git ignores the folder:
+#   name it in the device tool's carry list, e.g. carry ["tests/kernel/_ab_old_csrc"]
 # Sources the old version lacks are built as empty files. Knobs: AB_BENCH_ARGS (benchmark arguments, both
 # versions), END_S (seconds for the whole script), AB_PROBE=1 (GEMM probe of both, after both builds), AB_SANITIZE=1.
 # Used for "wgmma serialisation fixed" and "rows packed per expert" in docs/kernel.md.
