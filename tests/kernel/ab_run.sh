@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Kept for the results that name it; new A/Bs: tests/kernel/ab_inproc.sh, which times both versions in one process
+# with bench --ab-csrc, on any number of GPUs.)
 # One device call that checks a kernel change against an older version of the kernel in the same session:
 # build both versions (the old one in the background), the GPU tests on the working tree (2 ranks, and 1 rank
 # unless AB_TEST1=0; AB_TEST2=0 skips the 2-rank tests), the same reduced benchmark on the new and on the old kernel, then a summary
