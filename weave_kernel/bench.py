@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--comm", default=",".join(map(str, DEFAULT_COMM)), help="C values for static:C")
     ap.add_argument("--weave-comm", default=None, help="C values for weave:C (default: --comm; '' = none)")
     ap.add_argument("--no-weave", action="store_true", help="time only the reference, sequential and static:C")
+    ap.add_argument("--weave-nosteal", action="store_true",
+                    help="also weave's split without bubble stealing (policy weave-nosteal; weave_vs_nosteal)")
     ap.add_argument("--no-sequential", action="store_true", help="skip the sequential policy")
     ap.add_argument("--max-local-experts", type=int, default=0, help="cap experts per GPU (0 = the model's)")
     ap.add_argument("--cost-profile", default=DEFAULT_COST_PROFILE,
@@ -207,7 +209,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
-        policies += ["weave"] + [f"weave:{c}" for c in args.weave_comm if c < layer.num_ctas]
+        policies += ["weave"] + (["weave-nosteal"] if args.weave_nosteal else []) + \
+            [f"weave:{c}" for c in args.weave_comm if c < layer.num_ctas]
     # the counts the kernel exchanges (pair-based dispatch rows) and the cost model's choice for them
     res["counts"] = counts_from_routing(gathered, model.num_experts, placement)
     geo = geometry_model(H, I, model.num_experts, model.top_k, name=model.name)
@@ -272,6 +275,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
             "best_weave_c": min(wc, key=wc.get) if wc else None,
             "weave_fraction_of_lower_bound": lb_ms / t_w,
         })
+        if "weave-nosteal" in res["latency_ms"]:  # above 1: stealing pays
+            res["weave_vs_nosteal"] = res["latency_ms"]["weave-nosteal"] / t_w
     if args.trace:
         from .timeline import process_metadata, write_chrome_trace
 
@@ -413,6 +418,9 @@ def weave_geomeans(rows: list[dict]) -> dict:
     lb = [r["weave_fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096 and
           "weave_fraction_of_lower_bound" in r]
     out["weave_fraction_of_lower_bound_4096_mean"] = float(np.mean(lb)) if lb else None
+    ns = [r["weave_vs_nosteal"] for r in rows if r.get("weave_vs_nosteal")]
+    if ns:
+        out["weave_vs_nosteal"] = geomean(ns)
     agree = [a for r in rows for a in r.get("weave_choice", {}).get("agrees", [])]
     out["choice_agreement"] = f"{sum(agree)}/{len(agree)}"
     return out
@@ -525,6 +533,8 @@ def main(argv=None) -> int:
                       f"(best static vs reference {g['best_static_vs_reference']:.3f}x)")
             print(f"weave fraction of the lower bound at 4096 (mean): {wg['weave_fraction_of_lower_bound_4096_mean']}; "
                   f"in-kernel choice == weave_sim.costmodel.choose: {wg['choice_agreement']} (rank, config) pairs")
+            if "weave_vs_nosteal" in wg:
+                print(f"geomean t(weave-nosteal) / t(weave): {wg['weave_vs_nosteal']:.3f} (above 1: stealing pays)")
     if sampler is not None:
         sampler.stop()
     dist.barrier()

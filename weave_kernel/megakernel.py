@@ -270,6 +270,7 @@ class MoEMegakernel:
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
             "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
             "cooperative": int(self.cooperative), "dispatch_bulk": dispatch_issuers(self.dispatch),
+            "steal": int(pol.steal),
         }
 
     def last_choice(self) -> dict | None:

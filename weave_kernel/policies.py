@@ -6,6 +6,9 @@
   exchange; CTAs [0, c*) dispatch, then steal GEMM tiles from the same ticket (bubble stealing).
 - `weave:C`: the same scheduling with C comm CTAs fixed (the measured c-sweep); (c*, K*) is still computed
   and recorded.
+- `weave-nosteal`: the split `weave` chooses, without bubble stealing: the comm CTAs idle after their dispatch as
+  under `static:C` (the per-layer choice alone; stealing slowed compute-bound layers at the power cap,
+  docs/kernel.md "Stealing at the power cap").
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class LaunchPolicy:
     name: str
     policy_id: int
     num_comm_ctas: int  # weave: 0 = chosen in the kernel
+    steal: bool = True  # weave: comm CTAs claim GEMM tiles after their dispatch (Params::steal)
 
     @property
     def needs_cost_table(self) -> bool:
@@ -59,14 +63,21 @@ def _weave(arg: str | None, num_ctas: int) -> LaunchPolicy:
     return LaunchPolicy(f"weave:{c}", POLICY_WEAVE, c)
 
 
-POLICIES = {"sequential": _sequential, "static": _static, "weave": _weave}
+def _weave_nosteal(arg: str | None, num_ctas: int) -> LaunchPolicy:
+    if arg:
+        raise ValueError("policy 'weave-nosteal' takes no argument (with C fixed it is static:C)")
+    return LaunchPolicy("weave-nosteal", _weave(None, num_ctas).policy_id, 0, steal=False)
+
+
+POLICIES = {"sequential": _sequential, "static": _static, "weave": _weave, "weave-nosteal": _weave_nosteal}
 
 
 def parse_policy(spec: str, num_ctas: int) -> LaunchPolicy:
-    """'sequential', 'static:C', 'weave' or 'weave:C' -> LaunchPolicy; unknown names raise ValueError."""
+    """'sequential', 'static:C', 'weave', 'weave:C' or 'weave-nosteal' -> LaunchPolicy; unknown names raise
+    ValueError."""
     name, sep, arg = spec.partition(":")
     if name not in POLICIES:
-        raise ValueError(f"unknown policy {spec!r}; known: sequential, static:C, weave, weave:C")
+        raise ValueError(f"unknown policy {spec!r}; known: sequential, static:C, weave, weave:C, weave-nosteal")
     if sep and not arg:
         raise ValueError(f"policy {spec!r}: empty argument after ':'")
     return POLICIES[name](arg or None, num_ctas)

@@ -21,12 +21,12 @@ from .profile import HardwareProfile, profile_from_dict
 from .workload import workload_from_counts
 
 def sim_policy(kernel_policy: str, result: dict | None = None) -> str:
-    """The engine's model of the megakernel under `kernel_policy` (engine/policies/kernel.py). For `weave`,
-    the comm CTA counts the kernel recorded per rank (so a profile other than the kernel's own still
-    simulates the split that ran)."""
+    """The engine's model of the megakernel under `kernel_policy` (engine/policies/kernel.py). For `weave` and
+    `weave-nosteal`, the comm CTA counts the kernel recorded per rank in its `weave` call (the same counts and
+    table choose the same split; so a profile other than the kernel's own still simulates the split that ran)."""
     used = ((result or {}).get("weave_choice") or {}).get("kernel")
-    if kernel_policy == "weave" and used:
-        return "kernel:weave:" + ",".join(str(int(u["comm_ctas_used"])) for u in used)
+    if kernel_policy in ("weave", "weave-nosteal") and used and all(used):
+        return f"kernel:{kernel_policy}:" + ",".join(str(int(u["comm_ctas_used"])) for u in used)
     return f"kernel:{kernel_policy}"
 
 

@@ -28,7 +28,7 @@ bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_p
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
 want() { [[ ",$RUNS," == *",$1,"* ]]; }
 want A && bench bench_A_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,12,16,20,32,48 --weave-comm= --no-weave
-want B && bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32
+want B && bench bench_B_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm 4,8,12,16,24,32 --weave-nosteal
 # R: realistic per-layer routing (bench --synthetic fitted: the shipped real trace's per-layer skew and token reuse,
 # four layers per model) and GPT-OSS-20B on its recorded trace; held out for weave-sim validate like B
 want R && bench bench_R_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm 4,8,16

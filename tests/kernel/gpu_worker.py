@@ -54,7 +54,7 @@ def gather_routing(ids: np.ndarray, w: np.ndarray, x: torch.Tensor):
 
 def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
              routing: str = "skewed", placement: str = "contiguous",
-             policies=("sequential", "static:8", "static:64", "weave", "weave:16"),
+             policies=("sequential", "static:8", "static:64", "weave", "weave:16", "weave-nosteal"),
              repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False,
              x_scale: float = 1.0) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -39,6 +39,18 @@ def test_parse_weave_policies():
         parse_policy("dynamic", 132)
 
 
+def test_parse_weave_without_stealing():
+    p = parse_policy("weave-nosteal", 132)
+    assert (p.name, p.policy_id, p.num_comm_ctas, p.steal, p.needs_cost_table) == \
+        ("weave-nosteal", POLICY_WEAVE, 0, False, True)
+    assert parse_policy("weave", 132).steal and parse_policy("weave:8", 132).steal
+    assert parse_policy("static:8", 132).steal  # unused outside weave; the kernel reads it only under weave
+    with pytest.raises(ValueError, match="static:C"):
+        parse_policy("weave-nosteal:8", 132)
+    with pytest.raises(ValueError, match="at least 2 CTAs"):
+        parse_policy("weave-nosteal", 1)
+
+
 def test_params_h_mirrors():
     assert int(re.search(r"kPolicyWeave = (\d+)", PARAMS_H).group(1)) == POLICY_WEAVE
     slots = dict(re.findall(r"(kChoice\w+) = (\d+)", PARAMS_H))
@@ -87,12 +99,12 @@ def test_params_carry_the_cost_table_and_choice_buffer():
     ids = torch.zeros(10, 2, dtype=torch.int32)
     tw = torch.zeros(10, 2)
     y = torch.zeros(10, 256, dtype=torch.bfloat16)
-    for spec, used in (("weave", 0), ("weave:24", 24), ("static:8", 8)):
+    for spec, used, steal in (("weave", 0, 1), ("weave:24", 24, 1), ("static:8", 8, 1), ("weave-nosteal", 0, 0)):
         pol = parse_policy(spec, layer.num_ctas)
         d = layer._params(x, ids, tw, x, x, y, pol, False)
         assert d["cost_table"] == layer.cost_table.data_ptr() != 0
         assert d["choice"] == layer.choice.data_ptr() != 0
-        assert (d["policy"], d["num_comm_ctas"]) == (pol.policy_id, used)
+        assert (d["policy"], d["num_comm_ctas"], d["steal"]) == (pol.policy_id, used, steal)
     # every key the binding's launch() reads is supplied, and nothing else
     binding = (CSRC / "binding.cpp").read_text()
     start = binding.index("void launch(const py::dict& d")

@@ -48,7 +48,8 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 def policies_for(n: int) -> tuple[str, ...]:
     """The policies every case runs on a grid of n CTAs per rank: both ends of the static range included."""
-    return ("sequential", "static:1", f"static:{max(1, n // 4)}", f"static:{n - 1}", "weave", f"weave:{max(1, n // 2)}")
+    return ("sequential", "static:1", f"static:{max(1, n // 4)}", f"static:{n - 1}", "weave", f"weave:{max(1, n // 2)}",
+            "weave-nosteal")
 
 
 def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,

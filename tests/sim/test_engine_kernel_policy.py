@@ -49,6 +49,21 @@ def test_kernel_weave_uses_the_cost_model_choice(layer):
     assert simulate_layer(layer, PROFILE, "kernel:weave:12").plan.num_comm_sms == (12, 12)
 
 
+def test_kernel_weave_without_stealing(layer):
+    """The same split as kernel:weave, no comm SM runs a GEMM task; with a fixed split the comm SMs of
+    kernel:static:C do the same, so the two coincide."""
+    from weave_sim.engine.dag import C_GEMM
+
+    w, ns = simulate_layer(layer, PROFILE, "kernel:weave"), simulate_layer(layer, PROFILE, "kernel:weave-nosteal")
+    assert ns.plan.num_comm_sms == w.plan.num_comm_sms and not ns.plan.steal and w.plan.steal
+    g = ns.graph
+    gemm = np.flatnonzero(g.cls == C_GEMM)
+    assert (ns.roles[g.gpu[gemm], ns.sm[gemm]] == ROLE_COMPUTE).all()
+    st = simulate_layer(layer, PROFILE, "kernel:static:12")
+    assert simulate_layer(layer, PROFILE, "kernel:weave-nosteal:12").latency_ns == pytest.approx(
+        st.latency_ns, rel=0.02)
+
+
 @pytest.mark.parametrize("spec", ["kernel", "kernel:static", "kernel:bogus:3", "kernel:sequential:2"])
 def test_bad_kernel_specs(layer, spec):
     with pytest.raises(ValueError, match="kernel"):

@@ -88,6 +88,8 @@ def test_recorded_kernel_split_is_simulated():
     r = {"weave_choice": {"kernel": [{"comm_ctas_used": 13}, {"comm_ctas_used": 9}]}}
     assert sim_policy("weave", r) == "kernel:weave:13,9"
     assert sim_policy("weave") == "kernel:weave" and sim_policy("static:8", r) == "kernel:static:8"
+    assert sim_policy("weave-nosteal", r) == "kernel:weave-nosteal:13,9"
+    assert sim_policy("weave", {"weave_choice": {"kernel": [{"comm_ctas_used": 13}, None]}}) == "kernel:weave"
 
 
 def test_fitted_profile_ships_with_provenance():

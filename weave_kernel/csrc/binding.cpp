@@ -82,6 +82,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.policy = get<int32_t>(d, "policy");
   p.timeline_per_cta = get<int32_t>(d, "timeline_per_cta");
   p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
+  p.steal = get<int32_t>(d, "steal");
   p.epoch = get<uint64_t>(d, "epoch");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   const int cooperative = get<int32_t>(d, "cooperative");
@@ -105,6 +106,7 @@ void launch(const py::dict& d, uint64_t stream) {
     if (p.num_comm_ctas < 0 || p.num_comm_ctas >= p.num_ctas || p.num_ctas < 2)
       throw std::invalid_argument("weave launch: weave policy needs 0 <= num_comm_ctas < num_ctas (0 = choose)");
   }
+  if (p.steal != 0 && p.steal != 1) throw std::invalid_argument("weave launch: steal must be 0 or 1");
   if (p.policy < weave::kPolicySequential || p.policy > weave::kPolicyWeave)
     throw std::invalid_argument("weave launch: unknown policy id");
   if (p.num_ctas < p.world)  // CTA g pushes this rank's counts to rank g

@@ -236,9 +236,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
       ok = dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
       if (ok && blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
     }
-    // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks. Dispatch never waits on
-    // a tile, so joining late cannot deadlock.
-    if (ok && (!comm || p.policy == kPolicyWeave)) ok = gemm_phases(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
+    // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks (not under weave-nosteal,
+    // p.steal = 0). Dispatch never waits on a tile, so joining late cannot deadlock.
+    if (ok && (!comm || (p.policy == kPolicyWeave && p.steal))) ok = gemm_phases(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
     if (ok && seq) ok = sequential_combine(p, s, smem, lv);
     if (ok) ok = reduce_phase(p, s, comm ? kRoleComm : kRoleCompute);
   }

@@ -11,7 +11,8 @@ namespace weave {
 enum Policy : int32_t {
   kPolicySequential = 0,  // all CTAs: dispatch | GEMM0 | GEMM1 | combine | reduce, grid barriers between
   kPolicyStatic = 1,      // CTAs [0, num_comm_ctas) dispatch, the rest run GEMM tiles; all CTAs reduce
-  kPolicyWeave = 2,       // (c*, K*) chosen in the kernel from cost_table (num_comm_ctas = 0) or C fixed
+  kPolicyWeave = 2,       // (c*, K*) chosen in the kernel from cost_table (num_comm_ctas = 0) or C fixed; comm
+                          // CTAs steal GEMM tiles after their dispatch unless Params::steal is 0
                           // (num_comm_ctas = C); comm CTAs dispatch, then steal GEMM tiles; all CTAs reduce
 };
 
@@ -117,6 +118,8 @@ struct Params {
   int32_t max_tokens, recv_cap_rows, max_row_blocks;
   int32_t num_ctas, num_comm_ctas, policy;
   int32_t timeline_per_cta;
+  int32_t steal;                 // weave: 1 = comm CTAs claim GEMM tiles once their dispatch is pushed (bubble
+                                 // stealing); 0 = they idle after it (policy weave-nosteal: the chosen split alone)
   int32_t dispatch_bulk;         // W > 0: dispatch rows by bulk copies through the operand stages, issued by W
                                  // warps (bulk_copy.cuh); 0: by copy_rows (all threads, 16-byte loads and stores)
   uint64_t epoch;                // >= 1, +1 every call
