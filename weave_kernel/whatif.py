@@ -18,6 +18,9 @@ Variants (--variant):
             <= 64 rows at half a tile). An upper bound: the engine charges a tile max(MMA time, its share of
             HBM time), not the L2 bytes of its weight stages. Measured (docs/kernel.md, "Half tiles"): pad:64
             predicted 1.05x, the kernel built that way gained at most 1%.
+  nosteal   weave's split without bubble stealing (policy weave-nosteal, built): the comm CTAs idle after their
+            dispatch. A gain above 1 says the simulator expects stealing to cost; its profiles have no stealing
+            slowdown at the power cap beyond what a power model's clock gives (docs/kernel.md).
 Both sides are simulated under the engine's model of the kernel with the same profile, so the ratio is what the
 simulator expects the change to gain (its held-out error on the kernel as built is in docs/results.md).
 
@@ -81,8 +84,8 @@ def energy_scaled(profile, factor: float):
 
 
 def parse_variant(text: str) -> tuple[str, float]:
-    if text == "dedup":
-        return "dedup", 1.0
+    if text in ("dedup", "nosteal"):
+        return text, 1.0
     if text.startswith("pad:"):
         r = text.split(":", 1)[1]
         if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
@@ -96,7 +99,8 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = 0.0
             if s > 0:
                 return kind, s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'gemm:S', 'push:S' or 'energy:S' with S > 0 (e.g. gemm:1.2), or 'pad:R'")
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
+                     "(e.g. gemm:1.2), or 'pad:R'")
 
 
 def result_workload(result: dict, dispatch_rows=None):
@@ -148,6 +152,8 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         if "expert_pad_rows" not in opts:
             raise ValueError(f"pad:R models the expert-packed kernel layout; this result ran {opts}")
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
+    elif kind == "nosteal":
+        changed, changed_opts, changed_profile = as_built, opts, profile
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
@@ -158,8 +164,11 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
            "measured_ms": {p: result["latency_ms"].get(p.split(":", 1)[1]) for p in POLICIES},
            "dispatch_rows_sent": {"pairs": int(as_built.dispatch_rows_out.sum()),
                                   "distinct": int(changed.dispatch_rows_out.sum())}}
-    for name, w, o, prof in (("as_built", as_built, opts, profile), ("changed", changed, changed_opts, changed_profile)):
-        out[name] = {p: simulate_layer(w, prof, p, **o).latency_ns / 1e6 for p in POLICIES}
+    # the changed side's engine policy (nosteal: the weave split without stealing); results keep POLICIES' names
+    engine = {p: p.replace("kernel:weave", "kernel:weave-nosteal") if kind == "nosteal" else p for p in POLICIES}
+    for name, w, o, prof, pol in (("as_built", as_built, opts, profile, dict(zip(POLICIES, POLICIES))),
+                                  ("changed", changed, changed_opts, changed_profile, engine)):
+        out[name] = {p: simulate_layer(w, prof, pol[p], **o).latency_ns / 1e6 for p in POLICIES}
     out["bound_ms"] = result_bound_ms(result, cfg)
     return out
 
@@ -169,8 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
-                    help="dedup, gemm:S (tiles S times faster), push:S (comm CTAs S times faster), energy:S (energy per "
-                         "FLOP x S; power profiles) or pad:R (a block's MMAs cost its rows rounded up to R)")
+                    help="dedup, nosteal (weave's split without stealing), gemm:S (tiles S times faster), push:S (comm "
+                         "CTAs S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R (a block's MMAs "
+                         "cost its rows rounded up to R)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
@@ -184,7 +194,8 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     cfg = data.get("config", {})
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
-    what = {"dedup": "dispatch de-duplicated per destination GPU", "gemm": f"GEMM tiles {factor}x faster",
+    what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
+            "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
             "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
     print(f"simulator ({args.profile}): the kernel as built vs {what}")

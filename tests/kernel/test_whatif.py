@@ -134,3 +134,18 @@ def test_whatif_faster_push_never_slows_and_helps_a_link_bound_layer():
     for p in out["as_built"]:
         assert out["changed"][p] <= out["as_built"][p] * 1.0001, p
     assert out["changed"]["kernel:static:20"] < out["as_built"]["kernel:static:20"]
+
+
+def test_whatif_nosteal_changes_only_weave_and_matches_the_engine_policy():
+    from weave_sim.engine import simulate_layer
+    from weave_kernel.whatif import result_workload
+    from weave_sim.validate import kernel_options
+
+    r = _result(top_k=4, tokens=1024)
+    prof = load_profile("h200-megakernel")
+    out = whatif_result(r, prof, CFG, variant="nosteal")
+    assert out["changed"]["kernel:static:20"] == out["as_built"]["kernel:static:20"]
+    want = simulate_layer(result_workload(r), prof, "kernel:weave-nosteal", **kernel_options(r)).latency_ns / 1e6
+    assert out["changed"]["kernel:weave"] == want
+    assert out["as_built"]["kernel:weave"] == simulate_layer(result_workload(r), prof, "kernel:weave",
+                                                             **kernel_options(r)).latency_ns / 1e6
