@@ -66,7 +66,8 @@ def _weave(arg: str | None, num_ctas: int) -> LaunchPolicy:
 def _weave_nosteal(arg: str | None, num_ctas: int) -> LaunchPolicy:
     if arg:
         raise ValueError("policy 'weave-nosteal' takes no argument (with C fixed it is static:C)")
-    return LaunchPolicy("weave-nosteal", _weave(None, num_ctas).policy_id, 0, steal=False)
+    split = _weave(None, num_ctas)  # the same grid checks as weave
+    return LaunchPolicy("weave-nosteal", split.policy_id, split.num_comm_ctas, steal=False)
 
 
 POLICIES = {"sequential": _sequential, "static": _static, "weave": _weave, "weave-nosteal": _weave_nosteal}

@@ -11,9 +11,9 @@ namespace weave {
 enum Policy : int32_t {
   kPolicySequential = 0,  // all CTAs: dispatch | GEMM0 | GEMM1 | combine | reduce, grid barriers between
   kPolicyStatic = 1,      // CTAs [0, num_comm_ctas) dispatch, the rest run GEMM tiles; all CTAs reduce
-  kPolicyWeave = 2,       // (c*, K*) chosen in the kernel from cost_table (num_comm_ctas = 0) or C fixed; comm
-                          // CTAs steal GEMM tiles after their dispatch unless Params::steal is 0
-                          // (num_comm_ctas = C); comm CTAs dispatch, then steal GEMM tiles; all CTAs reduce
+  kPolicyWeave = 2,       // (c*, K*) chosen in the kernel from cost_table (num_comm_ctas = 0) or C fixed
+                          // (num_comm_ctas = C); comm CTAs dispatch, then steal GEMM tiles (unless
+                          // Params::steal is 0); all CTAs reduce
 };
 
 // ---- choice output of the weave policy (double [kChoiceLen], written by CTA 0 every weave call) -----------
