@@ -93,7 +93,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the megakernel's grid (default 0: one CTA per SM); fewer CTAs draw less power (docs/power.md)")
     ap.add_argument("--no-gpu-state", action="store_true", help="do not sample clocks / power with nvidia-smi")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.weave_nosteal and args.no_weave:
+        ap.error("--weave-nosteal adds to the weave policies, which --no-weave leaves out")
+    return args
 
 
 def sync_ranks() -> None:

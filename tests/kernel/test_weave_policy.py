@@ -223,3 +223,11 @@ def test_parallel_choice_matches_serial_header_and_python(choice_host):
 def test_geometry_model():
     m = geometry_model(2048, 768, 32, 8)
     assert (m.hidden_size, m.expert_ffn_size, m.num_experts, m.top_k, m.num_shared_experts) == (2048, 768, 32, 8, 0)
+
+
+def test_bench_weave_nosteal_flag():
+    from weave_kernel.bench import parse_args
+
+    assert parse_args(["--weave-nosteal"]).weave_nosteal and not parse_args([]).weave_nosteal
+    with pytest.raises(SystemExit):
+        parse_args(["--weave-nosteal", "--no-weave"])
