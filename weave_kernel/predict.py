@@ -51,7 +51,7 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSp
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
                    spec: RoutingSpec = RoutingSpec(), static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0,
-                   layer: int | None = None) -> dict:
+                   layer: int | None = None, nosteal: bool = False) -> dict:
     model = get_model(model_name)
     profile = load_profile(profile_name)
     if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
@@ -63,7 +63,8 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
                              counts["tokens_per_gpu"])
     opts = KERNEL_LAYOUTS[KERNEL_LAYOUT]
     ms = {}
-    for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(f"weave:{c}" for c in weave_grid)]:
+    for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(["weave-nosteal"] if nosteal else []),
+                *(f"weave:{c}" for c in weave_grid)]:
         ms[pol] = simulate_layer(w, profile, f"kernel:{pol}", **opts).latency_ns / 1e6
     h200 = load_profile("h200")
     bound = float(lower_bound_ns(Volumes.from_workloads([layer_workload(all_ids, model, placement)], h200),
@@ -77,7 +78,9 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
             # the in-kernel choice against the best fixed C of the sweep (the regret, predicted)
             "regret": ms["weave"] / ms[best_weave] - 1.0 if best_weave else None,
             "weave_vs_static20": ms["static:20"] / ms["weave"] if "static:20" in ms else None,
-            "weave_vs_best_static": ms[best] / ms["weave"], "weave_fraction_of_bound": bound / ms["weave"]}
+            "weave_vs_best_static": ms[best] / ms["weave"], "weave_fraction_of_bound": bound / ms["weave"],
+            # above 1: the simulator expects stealing to pay
+            "weave_vs_nosteal": ms["weave-nosteal"] / ms["weave"] if nosteal else None}
 
 
 def geomean(xs) -> float:
@@ -97,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
     ap.add_argument("--gemm-scale", type=float, default=1.0,
                     help="GEMM tiles this many times faster than the profile's (a kernel newer than the fit)")
+    ap.add_argument("--nosteal", action="store_true",
+                    help="also weave's split without bubble stealing (weave-nosteal; weave_vs_nosteal)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
         futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, wg,
-                            args.gemm_scale, lay) for m, g, t, lay in jobs]
+                            args.gemm_scale, lay, args.nosteal) for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
           f"scheduling, routing {spec.describe()}, seed {args.seed}; predicted ms")
@@ -139,7 +144,9 @@ def main(argv=None) -> int:
               f"vs best static:C per config {geomean(r['weave_vs_best_static'] for r in sel):.3f}x"
               + (f", of the bound at 4096: mean {np.mean(at4096):.1%}" if at4096 else "")
               + (f", regret of the choice vs the best weave:C: median {np.median(regrets):.1%}, worst "
-                 f"{max(regrets):.1%}" if regrets else ""))
+                 f"{max(regrets):.1%}" if regrets else "")
+              + (f", t(weave-nosteal) / t(weave) {geomean(r['weave_vs_nosteal'] for r in sel):.3f}"
+                 if args.nosteal else ""))
     if args.out:
         args.out.write_text(json.dumps({"profile": args.profile, "seed": args.seed, "zipf": args.zipf,
                                         "routing": spec.to_dict(),

@@ -40,6 +40,13 @@ def test_regret_against_a_weave_sweep():
     assert r["regret"] == pytest.approx(ms["weave"] / ms[r["best_weave"]] - 1)
 
 
+def test_weave_without_stealing():
+    r = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel", nosteal=True)
+    ms = r["predicted_ms"]
+    assert r["weave_vs_nosteal"] == pytest.approx(ms["weave-nosteal"] / ms["weave"])
+    assert "weave-nosteal" not in predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel")["predicted_ms"]
+
+
 def test_faster_tiles_predict_a_faster_layer():
     base = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel")
     fast = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel", gemm_scale=1.2)
