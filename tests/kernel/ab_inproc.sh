@@ -10,7 +10,7 @@
 #   name it in the device tool's carry list, e.g. carry ["tests/kernel/_ab_old_csrc"]
 # Knobs: AB_BENCH_ARGS (benchmark arguments), AB_TRACE_ARGS (the traced configuration), AB_PRE (a command run
 # after the tests, e.g. a microbenchmark of both versions; $AB_OLD names the old folder), END_S (seconds for
-# the whole script). Used for "The choice, evaluated per c" in docs/kernel.md.
+# the whole script). Used for "Where the rest goes: instructions fetched cold" in docs/kernel.md.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weave_ext}
 export AB_OLD=${AB_OLD_CSRC:-$PWD/tests/kernel/_ab_old_csrc}

@@ -5,7 +5,9 @@
 # sequential: held out for `weave-sim validate`), decode (128 tokens), and per-SM traces of `weave` on three
 # models. Everything lands in $OUT/results.tgz (the device tool returns at most 8 files). Needs $OUT.
 # Knobs: FINAL_STAGES (default build,test2,test1,sanitize; add virtual for world sizes 2-8 on GPU 0), FINAL_RUNS,
-# FINAL_REPEATS (5), FINAL_TAG (file suffix), FINAL_MODELS (a smaller model list for smoke runs), FINAL_SUSTAINED (seconds; unset = no sustained run), FINAL_CALIB=1
+# FINAL_REPEATS (5), FINAL_TAG (file suffix), FINAL_MODELS (a smaller model list for smoke runs), FINAL_COST_PROFILE
+# (run DW: the fitted profile whose factors the bulk table takes; default h200-megakernel, the kernel's default
+# table), FINAL_SUSTAINED (seconds; unset = no sustained run), FINAL_CALIB=1
 # (also the calibration microbenchmarks, calib_$TAG.json, power block included, on the same boards). The bench
 # interleaves policies, records clocks and the kernel sources' fingerprint. On the CPU machine afterwards:
 # bash tests/kernel/refit.sh DIR TAG (DIR = the unpacked results_$TAG.tgz).
@@ -56,7 +58,9 @@ fi
 if want DW; then
   [ -f $R/calib_bulk_$TAG.json ] || { timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate \
     --dispatch bulk --out $R/calib_bulk_$TAG.json > $R/calib_bulk_$TAG.log 2>&1; echo "calib bulk rc $? [${SECONDS}s]"; }
-  # (one GPU has no push curve to measure: the calibration then lacks nvlink_push and DW stops here)
+  # (one GPU has no push curve to measure: the calibration then lacks nvlink_push and DW stops here; a table left by
+  # an earlier call must not stand in for this one)
+  rm -f $R/h200-megakernel-bulk-$TAG.json
   if python3 -m weave_sim.cli calibrate $R/calib_bulk_$TAG.json --base h200 --params-from ${FINAL_COST_PROFILE:-h200-megakernel} \
       --name h200-megakernel-bulk-$TAG -o $R/h200-megakernel-bulk-$TAG.json 2>&1 | tail -1 | cut -c1-250; \
       [ -f $R/h200-megakernel-bulk-$TAG.json ]; then
