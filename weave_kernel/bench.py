@@ -92,6 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--num-ctas", type=int, default=0,
                     help="the megakernel's grid (default 0: one CTA per SM); fewer CTAs draw less power (docs/power.md)")
     ap.add_argument("--no-gpu-state", action="store_true", help="do not sample clocks / power with nvidia-smi")
+    ap.add_argument("--cuda-graph", choices=("off", "on", "ab"), default="off",
+                    help="time the megakernel's policies as replays of a CUDA graph of one call ('on'; the reference "
+                         "stays eager), or both ways in the same interleaved rounds ('ab': graph times in "
+                         "graph_latency_ms, eager / graph in graph_speedup)")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     args = ap.parse_args(argv)
     if args.weave_nosteal and args.no_weave:
@@ -230,12 +234,25 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                 "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
                 "profile": args.cost_profile, "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
         fns[pol] = lambda pol=pol: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)
+    if args.cuda_graph != "off":
+        res["cuda_graph"] = args.cuda_graph
+        res["host_us_per_call"] = {}
+        for pol in policies:
+            res["host_us_per_call"][pol] = max_over_ranks(host_us_per_call(fns[pol]))
+            replay, y_g = graph_of(fns[pol])
+            errs[f"graph:{pol}"] = float((y_g.float() - y_ref.float()).norm() / y_ref.float().norm())
+            fns[pol if args.cuda_graph == "on" else f"graph:{pol}"] = replay
     t0 = time.time()
     ms = time_policies(fns, args)
     t1 = time.time()
     layer.raise_if_error()
     for name, t in ms.items():
-        res["latency_ms"][name] = max_over_ranks(t)
+        if name.startswith("graph:"):
+            res.setdefault("graph_latency_ms", {})[name[6:]] = max_over_ranks(t)
+        else:
+            res["latency_ms"][name] = max_over_ranks(t)
+    if "graph_latency_ms" in res:  # above 1: the graph replay is faster than the same call issued eagerly
+        res["graph_speedup"] = {p: res["latency_ms"][p] / t for p, t in res["graph_latency_ms"].items()}
     if sampler is not None:
         state = [None] * world
         dist.all_gather_object(state, sampler.summary(t0, t1))
@@ -300,6 +317,30 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     return res
 
 
+def host_us_per_call(fn, calls: int = 8) -> float:
+    """Microseconds the host takes to issue one eager call (checks, parameters, TMA descriptors, launch), timed
+    over `calls` calls issued back to back without a sync; the GPU runs them behind."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def graph_of(fn):
+    """(replay, output): fn (one layer call, check=False) captured in a CUDA graph, replayed once and checked for
+    kernel errors; output is the tensor each replay writes. Every rank captures the same calls in the same
+    order (a capture runs nothing, so the device epoch counters stay in step)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g.replay, y
+
+
 def sustained_times(fns: dict, args, world: int, sampler=None) -> dict:
     """--sustained: every function back to back for about args.sustained seconds after 0.5 s idle, in the order
     given and then in reverse (the GPU warms over the sequence: the mean of the two passes cancels a steady
@@ -348,6 +389,18 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
     if b_choice is not None:
         out["b_choice"] = b_choice
     return out
+
+
+def graph_summary(rows: list[dict]) -> str:
+    """--cuda-graph ab: geomean t(eager) / t(graph replay) per policy, and the host's time to issue one call."""
+    pols = sorted({p for r in rows for p in r.get("graph_speedup", {})})
+    lines = ["CUDA graph replay against eager calls, same rounds: geomean t(eager) / t(replay), above 1 = replay faster"]
+    for p in pols:
+        v = [r["graph_speedup"][p] for r in rows if p in r.get("graph_speedup", {})]
+        host = [r["host_us_per_call"][p] for r in rows if p in r.get("host_us_per_call", {})]
+        lines.append(f"  {p:<12} {float(np.exp(np.mean(np.log(v)))):.3f}x over {len(v)} configs (range {min(v):.3f}-"
+                     f"{max(v):.3f}); host time per eager call {np.median(host):.0f} us (median)")
+    return "\n".join(lines)
 
 
 def ab_summary(rows: list[dict]) -> str:
@@ -520,6 +573,8 @@ def main(argv=None) -> int:
         print(format_table(rows, header))
         if args.ab_csrc or args.ab_cost_profile or args.ab_dispatch:
             print(ab_summary(rows))
+        if args.cuda_graph == "ab":
+            print(graph_summary(rows))
         print(f"geomean speedup of best static:C over the reference: {geo:.2f}x (all), {geo_prefill:.2f}x "
               f"(>= 2048 tokens per GPU); fraction of the lower bound at 4096: "
               + (f"mean {np.mean(lb4096):.2f}, min {np.min(lb4096):.2f}" if lb4096 else "n/a"))

@@ -182,7 +182,10 @@ class MoEMegakernel:
             raise RuntimeError("built extension and megakernel.py disagree on the cost table / choice layout")
         self.cost_table = torch.as_tensor(self.cost_table_np, dtype=torch.float64).to(dev)
         self.choice = torch.full((CHOICE_LEN,), -1.0, dtype=torch.float64, device=dev)
-        self.epoch = 0
+        # The epoch (the value every cross-GPU flag of a call carries) is counted on the device: each call reads
+        # the last one and stores its own, so graph replays advance it like calls issued from the host do.
+        self.epoch_ctr = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.epoch = 0  # calls issued from the host (kernels before the device counter read it as their epoch)
         self.broken: str | None = None
         torch.cuda.synchronize(dev)
         if self.distributed:
@@ -216,9 +219,17 @@ class MoEMegakernel:
                  record_timeline: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """Run the layer. check=True scans topk_ids and reads the error word after the launch (two host
         syncs); benchmarks pass check=False and call `raise_if_error()` once at the end.
-        out: optional [N, H] bf16 contiguous output tensor (tests poison it first)."""
+        out: optional [N, H] bf16 contiguous output tensor (tests poison it first).
+
+        The call can be captured in a CUDA graph (torch.cuda.graph) with check=False: every rank captures the
+        same calls and replays them the same number of times; the replays read the captured tensors (copy new
+        inputs into them) and weave still chooses its split in the kernel, from each replay's routing.
+        Call `raise_if_error()` after replays."""
         if self.broken:
             raise RuntimeError(f"megakernel layer is unusable after an earlier failure: {self.broken}")
+        if check and torch.cuda.is_current_stream_capturing():
+            raise ValueError("check=True synchronises with the host, which a CUDA graph capture cannot do: capture "
+                             "with check=False and call raise_if_error() after the replays")
         check_layer_inputs(x, topk_ids, topk_weights, w13, w2, hidden=self.hidden, inter=self.inter,
                            num_experts=self.num_experts, num_local_experts=self.num_local_experts,
                            top_k=self.top_k, max_tokens=self.max_tokens, device=self.device, check_ids=check)
@@ -233,8 +244,7 @@ class MoEMegakernel:
             if y.dtype != torch.bfloat16 or tuple(y.shape) != (x.shape[0], self.hidden) or not y.is_contiguous() \
                     or y.device != self.device:
                 raise ValueError(f"out must be a contiguous bf16 [{x.shape[0]}, {self.hidden}] tensor on {self.device}")
-        # The kernel clears the parity of its on-chip counters that the next epoch uses (expert_ctr, g0_done): an
-        # epoch whose launch never happened must not count, or the epoch after it would find dirty counters.
+        # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
             params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline)
@@ -268,7 +278,8 @@ class MoEMegakernel:
             "num_local_experts": self.num_local_experts, "max_tokens": self.max_tokens,
             "recv_cap_rows": pl.recv_cap_rows, "max_row_blocks": pl.max_row_blocks,
             "num_ctas": self.num_ctas, "num_comm_ctas": pol.num_comm_ctas, "policy": pol.policy_id,
-            "timeline_per_cta": self.timeline_per_cta, "epoch": self.epoch, "timeout_ns": self.timeout_ns,
+            "timeline_per_cta": self.timeline_per_cta, "epoch_ctr": self.epoch_ctr.data_ptr(), "epoch": self.epoch,
+            "timeout_ns": self.timeout_ns,
             "cooperative": int(self.cooperative), "dispatch_bulk": dispatch_issuers(self.dispatch),
             "steal": int(pol.steal),
         }
@@ -277,7 +288,8 @@ class MoEMegakernel:
         """The weave policy's decision of the last call on this rank (synchronises), or None if the last call
         was not a weave call: {"c_star", "k_star", "time_ns" (predicted), "comm_ctas_used", "epoch"}."""
         v = self.choice.cpu().tolist()
-        if int(v[4]) != self.epoch or self.epoch == 0:
+        last = int(self.epoch_ctr.item())  # the last call's epoch, replays of a CUDA graph included
+        if int(v[4]) != last or last == 0:
             return None
         out = {k: (float(v[i]) if k == "time_ns" else int(v[i])) for i, k in enumerate(CHOICE_SLOTS)}
         return out

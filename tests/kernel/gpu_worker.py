@@ -130,6 +130,98 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
                 FAILURES.append(f"{name} ep_reference")
 
 
+def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
+               policies=("static:8", "weave", "sequential"), replays: int = 3, seed: int = 0) -> None:
+    """The layer captured in a CUDA graph: one graph per policy over fixed input tensors, replayed with fresh
+    routing and tokens copied in before each replay (output and scratch poisoned first), an eager call of
+    another policy between replays (the device epoch counter must keep every rank's flags apart), the
+    replays' weave choices checked like eager calls'. Also: capturing with check=True is refused."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pl = contiguous(num_experts, world)
+    n = tokens[rank % len(tokens)]
+    layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
+                          max_tokens=n, dispatch=DISPATCH[0])
+    gen = torch.Generator(device=dev).manual_seed(2000 + seed)
+    w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
+    local = torch.as_tensor(pl.local_experts(rank), device=dev)
+    w13, w2 = w13_all[local].contiguous(), w2_all[local].contiguous()
+    x_s = torch.zeros(n, hidden, dtype=torch.bfloat16, device=dev)
+    ids_s = torch.zeros(n, top_k, dtype=torch.int32, device=dev)
+    w_s = torch.zeros(n, top_k, dtype=torch.float32, device=dev)
+    y_s = torch.zeros(n, hidden, dtype=torch.bfloat16, device=dev)
+    refused = False
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            layer(x_s, ids_s, w_s, w13, w2, policy="static:8", out=y_s)
+    except ValueError as exc:
+        refused = "check=False" in str(exc)
+    flags = [None] * world
+    dist.all_gather_object(flags, refused)
+    log(f"{'PASS' if all(flags) else 'FAIL'} {name:<34} capture with check=True refused")
+    if not all(flags):
+        FAILURES.append(f"{name} check=True capture")
+    graphs = {}
+    torch.cuda.synchronize()
+    dist.barrier()
+    for pol in policies:  # every rank captures the same graphs in the same order (nothing runs while capturing)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            layer(x_s, ids_s, w_s, w13, w2, policy=pol, check=False, out=y_s)
+        graphs[pol] = g
+    for rep in range(replays):
+        s = seed * 7919 + rep * 31 + rank
+        ids, w = skewed_routing(n, num_experts, top_k, seed=s, zipf_s=1.2)
+        x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16)
+        all_routing, all_x = gather_routing(ids, w, x)
+        ids_cat = torch.as_tensor(np.concatenate([r[0] for r in all_routing])).to(dev)
+        w_cat = torch.as_tensor(np.concatenate([r[1] for r in all_routing])).to(dev)
+        ref_all = moe_reference(torch.cat(all_x).to(dev), ids_cat, w_cat, w13_all, w2_all)
+        start = sum(tokens[g % len(tokens)] for g in range(rank))
+        ref = ref_all[start:start + n]
+        x_s.copy_(x.to(dev))
+        ids_s.copy_(torch.as_tensor(ids, dtype=torch.int32))
+        w_s.copy_(torch.as_tensor(w))
+        for pol, g in graphs.items():
+            y_s.fill_(float("nan"))
+            torch.cuda.synchronize()
+            dist.barrier()
+            layer.poison_scratch()
+            torch.cuda.synchronize()
+            dist.barrier()
+            try:
+                g.replay()
+                torch.cuda.synchronize()
+                layer.raise_if_error()
+                err = rel_err(y_s, ref)
+            except Exception as exc:  # noqa: BLE001 - report and continue
+                err = float("inf")
+                traceback.print_exc()
+                print(f"rank {rank}: {name} graph {pol}: {exc}", flush=True)
+            errs = [None] * world
+            dist.all_gather_object(errs, err)
+            ok = all(e <= TOL for e in errs)
+            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} graph {pol:<11} tokens {tokens} "
+                f"rel_err {' '.join(f'{e:.2e}' for e in errs)}")
+            if not ok:
+                FAILURES.append(f"{name} rep {rep} graph {pol}")
+            if pol.startswith("weave"):
+                check_choice(f"{name} rep {rep} graph {pol}", layer, pol, [r[0] for r in all_routing], pl,
+                             geometry_model(hidden, inter, num_experts, top_k))
+        # an eager call between replays, on other inputs: the next replay must not see its flags as its own
+        y_e = torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev)
+        layer(x_s.flip(0).contiguous(), ids_s.flip(0).contiguous(), w_s.flip(0).contiguous(), w13, w2,
+              policy="static:20", out=y_e)
+        torch.cuda.synchronize()
+        errs = [None] * world
+        dist.all_gather_object(errs, rel_err(y_e.flip(0), ref))
+        ok = all(e <= TOL for e in errs)
+        log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} eager static:20 between replays rel_err "
+            f"{' '.join(f'{e:.2e}' for e in errs)}")
+        if not ok:
+            FAILURES.append(f"{name} rep {rep} eager between replays")
+
+
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
 
 
@@ -291,6 +383,8 @@ def main() -> int:
     run_case("repeated calls, other sizes", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
              tokens=[1000, 100], repeats=2, seed=24, layer_cache=cache,
              policies=("static:24", "weave", "weave", "static:24", "weave:24"))
+    graph_case("CUDA graph replays", hidden=2048, inter=768, num_experts=16 * world, top_k=8, tokens=[384, 129],
+               seed=26)
     check_errors(args.trace_dir)
     dist.barrier()
     log(f"CHOICE AGREEMENT: {CHOICES_CHECKED[0]}/{CHOICES_CHECKED[1]} (rank, call) pairs: kernel (c*, K*) == "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_kernel.bench import ab_summary
+from weave_kernel.bench import ab_summary, graph_summary, parse_args
 from weave_kernel.build import CSRC, load_extension, other_name
 
 
@@ -28,6 +28,23 @@ def test_ab_summary_geomean_and_worst_error():
     assert "1.049x over 2 configs" in weave  # sqrt(1.21 / 1.1)
     assert "0.909-1.210" in weave and "6.0e-03" in weave
     assert "1.000x over 1 configs" in next(line for line in text.splitlines() if "static:20" in line)
+
+
+def test_graph_summary_geomean_and_host_time():
+    rows = [{"graph_speedup": {"weave": 1.05, "static:8": 1.0}, "host_us_per_call": {"weave": 60.0, "static:8": 50.0}},
+            {"graph_speedup": {"weave": 1 / 1.05}, "host_us_per_call": {"weave": 80.0}},
+            {"latency_ms": {}}]
+    lines = graph_summary(rows).splitlines()
+    weave = next(line for line in lines if "weave" in line)
+    assert "1.000x over 2 configs" in weave and "0.952-1.050" in weave and "70 us" in weave
+    assert "50 us" in next(line for line in lines if "static:8" in line)
+
+
+def test_cuda_graph_option_takes_three_modes():
+    assert parse_args([]).cuda_graph == "off"
+    assert parse_args(["--cuda-graph", "ab"]).cuda_graph == "ab"
+    with pytest.raises(SystemExit):
+        parse_args(["--cuda-graph", "yes"])
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -58,7 +58,7 @@ def test_connect_rejects_a_wrong_world():
 def test_params_ask_for_a_plain_launch_on_virtual_ranks():
     layer = _virtual_layer(0, 2, mk.plan_buffers(256, 8, 2, 2, 64))
     for name in ("expert_owner", "owner_experts", "expert_ctr", "pair_slot", "sorted_pair", "g0_done", "sched",
-                 "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice"):
+                 "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice", "epoch_ctr"):
         setattr(layer, name, torch.zeros(8))
     layer.top_k, layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts = 2, 256, 128, 8, 4
     layer.max_tokens, layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 64, 66, 0, 1, 10**9

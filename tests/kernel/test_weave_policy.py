@@ -83,6 +83,7 @@ def _fake_layer(world=2, rank=0):
     for name in ("expert_owner", "owner_experts", "peer_base", "expert_ctr", "pair_slot", "sorted_pair", "g0_done",
                  "sched", "grid_bar", "err", "timeline", "timeline_count"):
         setattr(layer, name, torch.zeros(8, **i32))
+    layer.epoch_ctr = torch.zeros(1, dtype=torch.int64)
     layer.h = torch.zeros(8, dtype=torch.bfloat16)
     layer.cost_table = torch.as_tensor(mk.build_cost_table())
     layer.choice = torch.full((mk.CHOICE_LEN,), -1.0, dtype=torch.float64)
@@ -105,12 +106,15 @@ def test_params_carry_the_cost_table_and_choice_buffer():
         assert d["cost_table"] == layer.cost_table.data_ptr() != 0
         assert d["choice"] == layer.choice.data_ptr() != 0
         assert (d["policy"], d["num_comm_ctas"], d["steal"]) == (pol.policy_id, used, steal)
-    # every key the binding's launch() reads is supplied, and nothing else
+        assert d["epoch_ctr"] == layer.epoch_ctr.data_ptr() != 0
+    # every key the binding's launch() reads is supplied, and nothing else but the host's call count "epoch",
+    # which kernels before the device epoch counter read (bench --ab-csrc against such sources)
     binding = (CSRC / "binding.cpp").read_text()
     start = binding.index("void launch(const py::dict& d")
     launch_body = binding[start:binding.index("\n}\n", start)]
     keys = set(re.findall(r'(?:get<[\w:]+>|ptr<[\w:\s]+>)\(d, "(\w+)"\)', launch_body))
-    assert keys == set(d), keys ^ set(d)
+    assert keys == set(d) - {"epoch"}, keys ^ (set(d) - {"epoch"})
+    assert d["epoch"] == layer.epoch
     assert parse_policy("static:8", 132).policy_id == POLICY_STATIC
 
 
@@ -142,11 +146,16 @@ def test_a_launch_that_fails_does_not_use_up_an_epoch():
 
 
 def test_last_choice_reads_the_slots():
+    """The slots belong to the last call if their epoch is the device counter's (CUDA-graph replays advance
+    the counter without the host knowing; the host's own call count does not decide)."""
     layer = _fake_layer()
-    layer.epoch = 5
+    layer.epoch_ctr.fill_(5)
     layer.choice[:5] = torch.tensor([12.0, 4.0, 1234.5, 12.0, 5.0], dtype=torch.float64)
     assert layer.last_choice() == {"c_star": 12, "k_star": 4, "time_ns": 1234.5, "comm_ctas_used": 12, "epoch": 5}
-    layer.epoch = 6  # a later non-weave call leaves the slots of epoch 5
+    layer.epoch_ctr.fill_(6)  # a later non-weave call (or graph replay) leaves the slots of epoch 5
+    assert layer.last_choice() is None
+    layer.epoch_ctr.zero_()  # no call yet
+    layer.choice[4] = 0.0
     assert layer.last_choice() is None
 
 

@@ -83,7 +83,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.timeline_per_cta = get<int32_t>(d, "timeline_per_cta");
   p.dispatch_bulk = get<int32_t>(d, "dispatch_bulk");
   p.steal = get<int32_t>(d, "steal");
-  p.epoch = get<uint64_t>(d, "epoch");
+  p.epoch_ctr = ptr<uint64_t>(d, "epoch_ctr");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
   const int cooperative = get<int32_t>(d, "cooperative");
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
@@ -97,7 +97,7 @@ void launch(const py::dict& d, uint64_t stream) {
   if (p.world * p.num_experts > 2048)
     throw std::invalid_argument("weave launch: world * num_experts must be <= 2048 (the kernel's count matrix)");
   if (p.num_tokens > p.max_tokens) throw std::invalid_argument("weave launch: num_tokens > max_tokens");
-  if (p.epoch == 0) throw std::invalid_argument("weave launch: epoch must be >= 1");
+  if (p.epoch_ctr == nullptr) throw std::invalid_argument("weave launch: epoch_ctr (the device epoch counter) is null");
   if (p.policy == weave::kPolicyStatic && (p.num_comm_ctas < 1 || p.num_comm_ctas >= p.num_ctas))
     throw std::invalid_argument("weave launch: static policy needs 1 <= num_comm_ctas < num_ctas");
   if (p.policy == weave::kPolicyWeave) {

@@ -22,12 +22,19 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
   if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
   if (rc != 0) return rc;
   void* args[] = {&p};
-  if (cooperative)
-    err = cudaLaunchCooperativeKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args,
-                                      weave::Config::kSmemDynamic, static_cast<cudaStream_t>(stream));
-  else
-    err = cudaLaunchKernel(fn, dim3(params->num_ctas), dim3(weave::Config::kThreads), args, weave::Config::kSmemDynamic,
-                           static_cast<cudaStream_t>(stream));
+  // cudaLaunchKernelExC with the cooperative attribute: the same launch as cudaLaunchCooperativeKernel, and one
+  // that stream capture records as a cooperative kernel node (the layer can be captured in a CUDA graph)
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = cooperative ? 1 : 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(params->num_ctas);
+  cfg.blockDim = dim3(weave::Config::kThreads);
+  cfg.dynamicSmemBytes = weave::Config::kSmemDynamic;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  err = cudaLaunchKernelExC(&cfg, fn, args);
   return static_cast<int>(err);
 }
 

@@ -35,6 +35,7 @@ struct SharedLayout {
   int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
   int g1_tiles;                         // GEMM1 tiles this CTA ran (static / weave; the consumers' leader counts)
   int tl_count;
+  uint64_t epoch;                       // this call's epoch: *p.epoch_ctr + 1, read by thread 0 at the start
   BulkRing ring;                        // dispatch by bulk copies (p.dispatch_bulk): the slots' mbarriers
 };
 

@@ -11,8 +11,9 @@
 //                            on every CTA; CTAs [0, c*) dispatch, then steal tiles from the same ticket
 //   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb
 //
-// Cross-GPU flags hold the call's epoch (never reset); on-chip counters are double-buffered by epoch parity
-// and the idle parity is cleared at the start of the call. See docs/kernel.md.
+// Cross-GPU flags hold the call's epoch (never reset; counted on the device, so CUDA-graph replays advance it);
+// on-chip counters are double-buffered by epoch parity and the idle parity is cleared at the start of the call.
+// See docs/kernel.md.
 #pragma once
 #include <cstdint>
 
@@ -27,7 +28,7 @@ namespace weave {
 // Routing and count exchange. Leaves s.cnt, s.ebase and the layout filled in every CTA.
 __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) {
   const int E = p.num_experts, G = p.world, tid = threadIdx.x;
-  const int par = static_cast<int>(p.epoch & 1), other = par ^ 1;
+  const int par = static_cast<int>(s.epoch & 1), other = par ^ 1;
   const uint64_t t0 = tl_now(p);
   // clear the idle parity of the on-chip counters (last used by the previous call, which has ended)
   for (int i = blockIdx.x * Config::kThreads + tid; i < p.max_row_blocks; i += p.num_ctas * Config::kThreads)
@@ -61,6 +62,8 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     s.hist[e] = n ? atomicAdd(ctr + e, n) : 0;
   }
   if (!grid_barrier(p, 0)) return false;
+  // every CTA has read the epoch counter (kernel start, before the barrier): advance it for the next call
+  if (blockIdx.x == 0 && tid == 0) *p.epoch_ctr = s.epoch;
 
   // this rank's totals, the sorted pair list
   int* my_cnt = s.cnt + p.rank * E;
@@ -79,7 +82,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     __syncthreads();
     if (tid == 0) {
       __threadfence_system();
-      st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, p.epoch);
+      st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, s.epoch);
     }
   }
   if (!grid_barrier(p, 1)) return false;  // sorted_pair complete before anyone dispatches
@@ -94,7 +97,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   if (tid == 0) {
     for (int g = 0; g < G && counts_ok; ++g) {
       const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_count_flag) + g;
-      counts_ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCounts, g, 0);
+      counts_ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= s.epoch; }, kErrTimeoutCounts, g, 0);
     }
   }
   if (!cta_all(counts_ok)) return false;
@@ -119,7 +122,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
       p.choice[kChoiceChunks] = c.num_chunks;
       p.choice[kChoiceTimeNs] = c.time_ns;
       p.choice[kChoiceUsedComm] = num_comm;
-      p.choice[kChoiceEpoch] = static_cast<double>(p.epoch);
+      p.choice[kChoiceEpoch] = static_cast<double>(s.epoch);
     }
   }
   if (tid == 0) {
@@ -151,7 +154,7 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
   const bool seq = p.policy == kPolicySequential;
   const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
-  const int par = static_cast<int>(p.epoch & 1);
+  const int par = static_cast<int>(s.epoch & 1);
   if (threadIdx.x == 0) s.g1_tiles = 0;
 #pragma unroll 1  // one inlined copy of the tile code (two made ptxas spill)
   for (int ph = 0; ph < (seq ? 2 : 1); ++ph) {
@@ -179,7 +182,8 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
   const uint32_t my_g1 = static_cast<uint32_t>(s.g1_tiles);
   if (threadIdx.x == 0 && my_g1 > 0) {
     __threadfence_system();
-    if (atomicAdd(p.sched + par * 4 + 2, my_g1) + my_g1 == static_cast<uint32_t>(NB * n1)) post_combine_flags(p);
+    if (atomicAdd(p.sched + par * 4 + 2, my_g1) + my_g1 == static_cast<uint32_t>(NB * n1))
+      post_combine_flags(p, s.epoch);
   }
   return true;
 }
@@ -209,7 +213,7 @@ __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout
   }
   if (threadIdx.x == 0) __threadfence_system();
   if (!grid_barrier(p, 5)) return false;
-  if (blockIdx.x == 0 && threadIdx.x == 0) post_combine_flags(p);
+  if (blockIdx.x == 0 && threadIdx.x == 0) post_combine_flags(p, s.epoch);
   return true;
 }
 
@@ -220,6 +224,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
   __shared__ SharedLayout s;
   if (threadIdx.x == 0) {
     s.tl_count = 0;
+    s.epoch = *reinterpret_cast<const volatile uint64_t*>(p.epoch_ctr) + 1;  // CTA 0 stores it back after barrier 0
     bulk_ring_init(s.ring);  // its barriers are fenced by init_pipeline's mbar_init_fence
   }
   init_pipeline(smem);
@@ -234,7 +239,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
       ok = dispatch_blocks(p, s, smem, lv, blockIdx.x, p.num_ctas) && grid_barrier(p, 2);
     } else if (comm) {
       ok = dispatch_blocks(p, s, smem, lv, blockIdx.x, C);
-      if (ok && blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0) post_combine_flags(p);
+      if (ok && blockIdx.x == 0 && threadIdx.x == 0 && lv.num_compute_blocks() == 0)
+        post_combine_flags(p, s.epoch);
     }
     // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks (not under weave-nosteal,
     // p.steal = 0). Dispatch never waits on a tile, so joining late cannot deadlock.

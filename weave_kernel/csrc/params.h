@@ -122,7 +122,9 @@ struct Params {
                                  // stealing); 0 = they idle after it (policy weave-nosteal: the chosen split alone)
   int32_t dispatch_bulk;         // W > 0: dispatch rows by bulk copies through the operand stages, issued by W
                                  // warps (bulk_copy.cuh); 0: by copy_rows (all threads, 16-byte loads and stores)
-  uint64_t epoch;                // >= 1, +1 every call
+  uint64_t* epoch_ctr;           // [1]: the last call's epoch. Each call runs as epoch *epoch_ctr + 1 and stores it
+                                 // back (CTA 0, after grid barrier 0, when every CTA has read it): the count lives
+                                 // on the device, so replays of a captured CUDA graph advance it like calls do
   uint64_t timeout_ns;
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
   TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)

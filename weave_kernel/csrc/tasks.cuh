@@ -98,7 +98,7 @@ __device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s,
   if (threadIdx.x == 0) {
     __threadfence_system();
     st_release_sys_u64(sym<uint64_t>(p, b.dst, p.off_blk_flag) + (b.row0 / Config::kBlockM) * p.world + p.rank,
-                       p.epoch);
+                       s.epoch);
   }
   return true;
 }
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool block_rows_ready(const Params& p, const LayoutVi
     if (n == 0 || beg >= b.slot0 + b.num_rows || beg + n <= b.slot0) continue;
     const int src = (p.rank - step + p.world) % p.world;
     const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_blk_flag) + rb * p.world + src;
-    if (!spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutRows, rb, src)) return false;
+    if (!spin_until(p, [&] { return ld_acquire_sys_u64(f) >= lv.s.epoch; }, kErrTimeoutRows, rb, src)) return false;
   }
   return true;
 }
@@ -177,7 +177,7 @@ struct MoeTiles {
       return block_rows_ready(p, lv, d.b);
     }
     d.num_k = p.inter / Config::kBlockK;
-    const uint32_t* done0 = p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb;
+    const uint32_t* done0 = p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb;
     return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= static_cast<uint32_t>(n0); }, kErrTimeoutGemm0, rb,
                       d.col);
   }
@@ -232,7 +232,7 @@ struct MoeTiles {
     const int rb = d.b.row0 / Config::kBlockM, who = Config::kProducerThreads;
     if (d.kind == kTileGemm0) {
       __threadfence();
-      red_release_gpu_add_u32(p.g0_done + (p.epoch & 1) * p.max_row_blocks + rb, 1u);
+      red_release_gpu_add_u32(p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb, 1u);
     } else {
       ++s.g1_tiles;
     }
@@ -243,9 +243,9 @@ struct MoeTiles {
 };
 
 // Tell every source that this owner's combine rows have all landed.
-__device__ __forceinline__ void post_combine_flags(const Params& p) {
+__device__ __forceinline__ void post_combine_flags(const Params& p, uint64_t epoch) {
   __threadfence_system();
-  for (int g = 0; g < p.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, p.off_comb_flag) + p.rank, p.epoch);
+  for (int g = 0; g < p.world; ++g) st_release_sys_u64(sym<uint64_t>(p, g, p.off_comb_flag) + p.rank, epoch);
 }
 
 // ---- combine (sequential policy): push a computed row block back to its source's combine slots ----------
@@ -268,7 +268,7 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
   if (threadIdx.x == 0) {
     for (int g = 0; g < p.world && ok; ++g) {
       const uint64_t* f = sym<const uint64_t>(p, p.rank, p.off_comb_flag) + g;
-      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= p.epoch; }, kErrTimeoutCombine, g, 0);
+      ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= s.epoch; }, kErrTimeoutCombine, g, 0);
     }
   }
   if (!cta_all(ok)) return false;
