@@ -70,7 +70,7 @@ if want DW; then
     echo "DW: no cost profile for bulk dispatch, its run skipped"
   fi
 fi
-want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm=
+want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --weave-comm= --cuda-graph ab  # + CUDA-graph replays
 # FINAL_SUSTAINED=S: also reference, sequential, static:8/20 and weave each timed back to back for about S s,
 # forward then reverse (bench --sustained; docs/power.md); about 5 min at S=1 (5 min at EP=1 measured)
 if [ -n "${FINAL_SUSTAINED:-}" ] || want S; then
