@@ -108,9 +108,11 @@ def layer_time_ns(vol: Volumes, profile: HardwareProfile, comm_sms, chunks=DEFAU
 
 
 def choose(vol: Volumes, profile: HardwareProfile, comm_sms=None, chunks=DEFAULT_CHUNKS) -> Choice:
-    """argmin of T(c, K) per layer and GPU over the grid; ties go to the smaller c, then the smaller K."""
-    comm = np.arange(1, profile.num_sms) if comm_sms is None else np.asarray(comm_sms)
-    chunks = table_for(profile, chunks).chunks
+    """argmin of T(c, K) per layer and GPU over the grid (default: c in [1, the table's max_comm_sms], the
+    kernel's grid); ties go to the smaller c, then the smaller K."""
+    table = table_for(profile, chunks)
+    comm = np.arange(1, table.max_comm_sms + 1) if comm_sms is None else np.asarray(comm_sms)
+    chunks = table.chunks
     t = layer_time_ns(vol, profile, comm, chunks)
     num_layers, num_gpus = vol.shape
     flat = t.reshape(num_layers, num_gpus, -1)

@@ -7,7 +7,7 @@ and that a host build of the header picks the same (c*, K*) as Python.
 
 Layout (offsets in float64 slots):
     [OFF_HEADER, +HEADER_LEN)  version, num_sms, nvlink_peak_gbs, gemm_peak_tflops, hbm_gbs, rho,
-                               tile_rows, tile_cols, num_chunk_choices, (reserved ...)
+                               tile_rows, tile_cols, num_chunk_choices, max_comm_sms, (reserved ...)
     [OFF_BW, +MAX_SMS+1)       push GB/s for c = 0..MAX_SMS comm CTAs
     [OFF_TFLOPS, +NUM_ROW_BUCKETS) per-SM TFLOP/s for rows-per-expert bucket b (rows in [2^b, 2^(b+1)))
     [OFF_CHUNKS, +MAX_CHUNK_CHOICES) candidate K values (0 = unused slot)
@@ -20,11 +20,16 @@ import numpy as np
 
 from .profile import HardwareProfile
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: max_comm_sms, the end of the choice's grid
 HEADER_FIELDS = (
     "version", "num_sms", "nvlink_peak_gbs", "gemm_peak_tflops", "hbm_gbs", "rho",
-    "tile_rows", "tile_cols", "num_chunk_choices",
+    "tile_rows", "tile_cols", "num_chunk_choices", "max_comm_sms",
 )
+# The choice considers c in [1, max_comm_sms], max_comm_sms = min(num_sms - 1, MAX_COMM_SMS): the range the
+# calibration measures the push curve over (1..64 comm CTAs). In the megakernel the CTAs at and above it never
+# dispatch, so they skip the choice and start their tiles at once (docs/kernel.md, "The choice off the critical
+# path").
+MAX_COMM_SMS = 64
 HEADER_LEN = 16
 MAX_SMS = 256
 NUM_ROW_BUCKETS = 16
@@ -61,6 +66,10 @@ class CostTable:
         return int(self.header("num_sms"))
 
     @property
+    def max_comm_sms(self) -> int:
+        return int(self.header("max_comm_sms"))
+
+    @property
     def bw_gbs(self) -> np.ndarray:
         return self.data[OFF_BW:OFF_BW + MAX_SMS + 1]
 
@@ -93,6 +102,7 @@ def build_table(profile: HardwareProfile, chunks=DEFAULT_CHUNKS) -> CostTable:
         "version": TABLE_VERSION, "num_sms": profile.num_sms, "nvlink_peak_gbs": profile.nvlink_peak_gbs,
         "gemm_peak_tflops": profile.gemm_peak_tflops, "hbm_gbs": profile.hbm_gbs, "rho": profile.rho,
         "tile_rows": profile.tile_rows, "tile_cols": profile.tile_cols, "num_chunk_choices": len(chunks),
+        "max_comm_sms": min(profile.num_sms - 1, MAX_COMM_SMS),
     }
     for i, name in enumerate(HEADER_FIELDS):
         data[OFF_HEADER + i] = header[name]

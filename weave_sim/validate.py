@@ -26,7 +26,7 @@ def sim_policy(kernel_policy: str, result: dict | None = None) -> str:
     table choose the same split; so a profile other than the kernel's own still simulates the split that ran)."""
     used = ((result or {}).get("weave_choice") or {}).get("kernel")
     if kernel_policy in ("weave", "weave-nosteal") and used and all(used):
-        return f"kernel:{kernel_policy}:" + ",".join(str(int(u["comm_ctas_used"])) for u in used)
+        return f"kernel:{kernel_policy}@" + ",".join(str(int(u["comm_ctas_used"])) for u in used)
     return f"kernel:{kernel_policy}"
 
 

@@ -22,11 +22,11 @@ int main() {
     std::vector<int64_t> pairs((size_t)g * e), rows((size_t)g * g);
     for (int64_t& p : pairs) std::scanf("%lld", (long long*)&p);
     for (int64_t& r : rows) std::scanf("%lld", (long long*)&r);
-    const int num_sms = (int)table[kOffHeader + kNumSms];
+    const int c_max = (int)table[kOffHeader + kMaxCommSms];  // the grid's end, as in the kernel
     for (int gpu = 0; gpu < g; ++gpu) {
       weave::CostVolumes v =
           weave::volumes_for_gpu(table.data(), gpu, g, e, owner.data(), pairs.data(), rows.data(), hidden, ffn);
-      weave::CostChoice c = weave::choose_split(table.data(), v, 1, num_sms - 1);
+      weave::CostChoice c = weave::choose_split(table.data(), v, 1, c_max);
       std::printf("%d %d %.17g\n", c.num_comm_sms, c.num_chunks, c.time_ns);
     }
   }

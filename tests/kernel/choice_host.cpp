@@ -35,12 +35,12 @@ int main() {
     }
     for (int s = 0; s < g; ++s)
       for (int x = 0; x < e; ++x) rows[(size_t)s * g + owner[x]] += pairs[(size_t)s * e + x];
-    const int num_sms = (int)table[kOffHeader + kNumSms];
+    const int c_max = (int)table[kOffHeader + kMaxCommSms];  // the kernel's grid: c in [1, max_comm_sms]
     const int64_t tile_rows = (int64_t)table[kOffHeader + kTileRows];
     for (int gpu = 0; gpu < g; ++gpu) {
       const CostVolumes ref = volumes_for_gpu(table.data(), gpu, g, e, owner.data(), pairs.data(), rows.data(),
                                               hidden, ffn);
-      const CostChoice want = choose_split(table.data(), ref, 1, num_sms - 1);
+      const CostChoice want = choose_split(table.data(), ref, 1, c_max);
       bool vol_ok = true, choice_ok = true;
       for (int threads : {1, 7, 32, 256}) {
         // volumes: per-thread strided sums, then a tree over threads (any order: integer sums are exact)
@@ -57,7 +57,7 @@ int main() {
         vol_ok = vol_ok && same_volumes(v, ref);
         // argmin: per-thread strided slices, combined in reverse order with the tie-break
         std::vector<GridBest> best(threads);
-        for (int t = 0; t < threads; ++t) best[t] = grid_slice_best(table.data(), v, 1, num_sms - 1, t, threads);
+        for (int t = 0; t < threads; ++t) best[t] = grid_slice_best(table.data(), v, 1, c_max, t, threads);
         GridBest b = grid_none();
         for (int t = threads - 1; t >= 0; --t)
           if (grid_better(best[t], b)) b = best[t];

@@ -42,7 +42,7 @@ MK_CALL = "p.hidden, p.inter, s.red_sums, s.red_best);"
 MK_CALL_FULL = ("    const CostChoice c = choose_split_parallel<Config::kThreads>(s.cost_table, s.cnt, p.expert_owner, "
                 "p.rank, G, E,\n                                                                 p.hidden, p.inter, "
                 "s.red_sums, s.red_best, cst);\n")
-MK_RECORD = "  if (p.policy == kPolicyWeave) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);\n"
+MK_RECORD = "  if (decide) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);\n"
 
 
 def _replace_once(text: str, anchor: str, new: str, name: str) -> str:
@@ -65,7 +65,7 @@ def patched_csrc(src: Path, root: Path, warm_call: bool = False) -> Path:
     mk = (dst / "megakernel.cuh").read_text()
     mk = _replace_once(mk, MK_DECL, MK_DECL + "  unsigned long long cst[8] = {};\n", "megakernel.cuh")
     mk = _replace_once(mk, MK_CALL, MK_CALL[:-2] + ", cst);", "megakernel.cuh")
-    spans = ("  if (p.policy == kPolicyWeave)\n    for (int i = 0; i < 6; ++i)\n"
+    spans = ("  if (decide)\n    for (int i = 0; i < 6; ++i)\n"
              "      tl_record_span(p, s, cst[i], cst[i + 1], role, kTaskChoose, -2 - i, 0);\n")
     mk = _replace_once(mk, MK_RECORD, MK_RECORD + spans, "megakernel.cuh")
     if warm_call:

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, 1) k(const double* table_g, const in
   const CostVolumes v = volumes_from_sums(table, a, H, I);
   __syncthreads();
   t[2] = gt();
-  GridBest best = grid_slice_best(table, v, 1, (int)table[cost_table::kOffHeader + cost_table::kNumSms] - 1, threadIdx.x, kThreads);
+  GridBest best = grid_slice_best(table, v, 1, (int)table[cost_table::kOffHeader + cost_table::kMaxCommSms], threadIdx.x, kThreads);
   __syncthreads();
   t[3] = gt();
   // one evaluation per thread

@@ -23,6 +23,7 @@ from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
 from weave_kernel.symm import init_ranks
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.timeline import write_chrome_trace
+from weave_sim.costtable import CostTable
 from weave_sim.placement import contiguous, round_robin
 from weave_sim.presets import get_model
 
@@ -292,9 +293,13 @@ def check_errors(trace_dir: str | None) -> None:
     ch = layer.last_choice()
     cho = [e for e in events if e["name"] == "choose"]
     # two count_exchange records per CTA: routing + count push, then layout + choice (the wait between them
-    # is a separate 'wait' record)
-    ok = bool(ce) and len(ce) == 2 * len(cho) and ch is not None and all(
-        e["args"].get("c_star") == ch["c_star"] and e["args"].get("k_star") == ch["k_star"] for e in ce + cho)
+    # is a separate 'wait' record). The CTAs below the table's max_comm_sms evaluate the choice and carry it;
+    # the others skip it and carry none.
+    deciders = min(CostTable(layer.cost_table_np).max_comm_sms, layer.num_ctas)
+    decided = {e["tid"] for e in cho}  # tid = the SM of the CTA
+    ok = bool(ce) and len(ce) == 2 * layer.num_ctas and ch is not None and len(cho) == len(decided) == deciders
+    ok = ok and all((e["args"].get("c_star"), e["args"].get("k_star")) ==
+                    ((ch["c_star"], ch["k_star"]) if e["tid"] in decided else (None, None)) for e in ce + cho)
     dur = sorted(e["dur"] for e in cho)
     log(f"{'PASS' if ok else 'FAIL'} weave timeline args {ce[0]['args'] if ce else None} choice {ch}; "
         f"'choose' records {len(cho)}, duration median {dur[len(dur) // 2] if dur else float('nan'):.2f} us, "

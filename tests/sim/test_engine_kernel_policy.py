@@ -64,6 +64,41 @@ def test_kernel_weave_without_stealing(layer):
         st.latency_ns, rel=0.02)
 
 
+def test_only_the_deciders_wait_for_the_weave_choice(layer):
+    """kernel:weave: the SMs below the table's max_comm_sms decide after the count exchange, the others start
+    their GEMM tasks at once; a fixed C (kernel:weave:C) leaves the decision to SM 0; the recorded split
+    (kernel:weave@c0,c1) decides like kernel:weave."""
+    from weave_sim.costtable import table_for
+    from weave_sim.engine.dag import C_GEMM, K_CTRL
+    from weave_sim.engine.timeline import chrome_trace_events
+    from weave_sim.profile import profile_from_dict
+
+    data = PROFILE.to_dict()
+    data["fixed_ns"]["decision"] = d = 20_000  # about what the megakernel's choice takes (the profiles say 600)
+    prof = profile_from_dict(data)
+    r = simulate_layer(layer, prof, "kernel:weave", record_timeline=True)
+    deciders = min(table_for(prof).max_comm_sms, prof.num_sms)
+    assert r.plan.decision_sms == (deciders, deciders) and deciders < PROFILE.num_sms
+    g = r.graph
+    cx_end = {int(g.gpu[t]): int(r.end_ns[t]) for t in np.flatnonzero(g.kind == K_CTRL)}
+    gemm = np.flatnonzero(g.cls == C_GEMM)
+    sm, gpu, start = r.sm[gemm], g.gpu[gemm], r.start_ns[gemm]
+    ends = np.array([cx_end[int(x)] for x in gpu])
+    assert (start[sm < deciders] >= ends[sm < deciders] + d).all()
+    assert (start[sm >= deciders] < ends[sm >= deciders] + d).any()  # some start before the decision is made
+    chooses = [e for e in chrome_trace_events(r) if e.get("name") == "choose"]
+    assert sorted((e["pid"], e["tid"]) for e in chooses) == [(x, s) for x in range(2) for s in range(deciders)]
+    assert all(e["dur"] == pytest.approx(d / 1e3) for e in chooses)
+    waits = [e for e in chrome_trace_events(r) if e.get("name") == "wait" and e["tid"] < deciders]
+    assert not any(e["ts"] < c["ts"] + c["dur"] and c["ts"] < e["ts"] + e["dur"]  # the decision is not a wait
+                   for c in chooses for e in waits if (e["pid"], e["tid"]) == (c["pid"], c["tid"]))
+    assert simulate_layer(layer, PROFILE, "kernel:weave:12").plan.decision_sms == (1, 1)  # fixed C: SM 0 alone
+    rec = simulate_layer(layer, PROFILE, "kernel:weave@13,9")
+    assert rec.plan.num_comm_sms == (13, 9) and rec.plan.decision_sms == (deciders, deciders)
+    with pytest.raises(ValueError, match="kernel"):
+        simulate_layer(layer, PROFILE, "kernel:weave@13,9:4")
+
+
 @pytest.mark.parametrize("spec", ["kernel", "kernel:static", "kernel:bogus:3", "kernel:sequential:2"])
 def test_bad_kernel_specs(layer, spec):
     with pytest.raises(ValueError, match="kernel"):

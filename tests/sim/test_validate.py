@@ -86,9 +86,9 @@ def test_missing_counts_is_clear(tmp_path, capsys):
 
 def test_recorded_kernel_split_is_simulated():
     r = {"weave_choice": {"kernel": [{"comm_ctas_used": 13}, {"comm_ctas_used": 9}]}}
-    assert sim_policy("weave", r) == "kernel:weave:13,9"
+    assert sim_policy("weave", r) == "kernel:weave@13,9"
     assert sim_policy("weave") == "kernel:weave" and sim_policy("static:8", r) == "kernel:static:8"
-    assert sim_policy("weave-nosteal", r) == "kernel:weave-nosteal:13,9"
+    assert sim_policy("weave-nosteal", r) == "kernel:weave-nosteal@13,9"
     assert sim_policy("weave", {"weave_choice": {"kernel": [{"comm_ctas_used": 13}, None]}}) == "kernel:weave"
 
 

@@ -135,7 +135,7 @@ __device__ __forceinline__ CostChoice choose_split_parallel(const double* table,
   for (int w = 0; w < kWarps; ++w) add_sums(tot, red_sums[w]);
   const CostVolumes v = volumes_from_sums(table, tot, hidden, ffn);
 
-  const int c_min = 1, c_max = (int)table[kOffHeader + kNumSms] - 1;
+  const int c_min = 1, c_max = (int)table[kOffHeader + kMaxCommSms];
   GridBest best = grid_slice_best(table, v, c_min, c_max, tid, kThreads);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {

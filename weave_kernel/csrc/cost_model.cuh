@@ -17,7 +17,7 @@ namespace weave {
 
 // Mirror of the layout constants in weave_sim/costtable.py (tests compare them).
 namespace cost_table {
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 constexpr int kHeaderLen = 16;
 constexpr int kMaxSms = 256;
 constexpr int kNumRowBuckets = 16;
@@ -30,7 +30,7 @@ constexpr int kOffEff = kOffChunks + kMaxChunkChoices;
 constexpr int kLen = kOffEff + kMaxChunkChoices;
 // header slots, in HEADER_FIELDS order
 constexpr int kVersionSlot = 0, kNumSms = 1, kNvlinkPeakGbs = 2, kGemmPeakTflops = 3, kHbmGbs = 4, kRho = 5,
-              kTileRows = 6, kTileCols = 7, kNumChunkChoices = 8;
+              kTileRows = 6, kTileCols = 7, kNumChunkChoices = 8, kMaxCommSms = 9;
 static_assert(kLen == 305, "table length changed: update weave_sim/costtable.py too");
 }  // namespace cost_table
 

@@ -87,9 +87,19 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   }
   if (!grid_barrier(p, 1)) return false;  // sorted_pair complete before anyone dispatches
 
-  // weave: stage the cost table in shared memory while the peers' counts are in flight (the choice reads it
-  // a few thousand times; from L2 those dependent loads made the choice cost 8-9 us)
+  // weave: the CTAs that evaluate the choice. Its grid ends at the table's max_comm_sms, so under `weave` the
+  // CTAs from min(max_comm_sms, num_ctas) on never dispatch: they skip the choice (about 9 us) and start their
+  // tiles at once. Under weave:C (C fixed) only CTA 0 evaluates it, for the record (last_choice()).
+  int deciders = 0;
   if (p.policy == kPolicyWeave)
+    deciders = p.num_comm_ctas > 0
+                   ? 1
+                   : min(static_cast<int>(__ldg(p.cost_table + cost_table::kOffHeader + cost_table::kMaxCommSms)),
+                         p.num_ctas);
+  const bool decide = static_cast<int>(blockIdx.x) < deciders;
+  // stage the cost table in shared memory while the peers' counts are in flight (the choice reads it a few
+  // thousand times; from L2 those dependent loads made the choice cost 8-9 us)
+  if (decide)
     for (int i = tid; i < cost_table::kLen; i += Config::kThreads) s.cost_table[i] = __ldg(p.cost_table + i);
   // every CTA: wait for all ranks' counts, load them, build the layout
   const uint64_t tw0 = tl_now(p);  // the wait is recorded apart from the work (timeline busy shares)
@@ -106,11 +116,12 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   for (int i = tid; i < G * E; i += Config::kThreads) s.cnt[i] = __ldcg(gc + i);
   __syncthreads();
   if (!build_layout(s, p)) return false;  // ends with __syncthreads
+  // weave's CTAs that skip the choice are compute CTAs (num_comm 0: they neither dispatch nor need C)
   int num_comm = p.policy == kPolicySequential ? 0 : p.num_comm_ctas, choice_c = -1, choice_k = -1;
   uint64_t tc = 0;
-  if (p.policy == kPolicyWeave) {
-    // Weave's spatial choice for this rank: every CTA evaluates the cost model on the same gathered counts
-    // with the same deterministic parallel argmin, so all CTAs agree on (c*, K*) without communicating.
+  if (decide) {
+    // Weave's spatial choice for this rank: every deciding CTA evaluates the cost model on the same gathered
+    // counts with the same deterministic parallel argmin, so they agree on (c*, K*) without communicating.
     tc = tl_now(p);
     const CostChoice c = choose_split_parallel<Config::kThreads>(s.cost_table, s.cnt, p.expert_owner, p.rank, G, E,
                                                                  p.hidden, p.inter, s.red_sums, s.red_best);
@@ -136,7 +147,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   tl_record_span(p, s, t0, tw0, role, kTaskCountExchange, choice_c, choice_k);
   if (tw1 - tw0 > 1000) tl_record_span(p, s, tw0, tw1, role, kTaskWait, -1, -1);
   tl_record(p, s, tw1, role, kTaskCountExchange, choice_c, choice_k);
-  if (p.policy == kPolicyWeave) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);
+  if (decide) tl_record(p, s, tc, role, kTaskChoose, choice_c, choice_k);
   return true;
 }
 
@@ -149,8 +160,9 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
 //     source's). Under weave the comm CTAs enter after their dispatch blocks (bubble stealing) and claim from the
 //     same ticket, so no tile runs twice; `role` only labels the timeline records.
 //   sequential: GEMM0 of every block, grid barrier, GEMM1 of every block (expert-major tickets).
+// lag_comm: the comm CTA count the GEMM1 lag L assumes; the same on every CTA (the tickets' order depends on it).
 __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
-                                            int num_comm, uint16_t role) {
+                                            int lag_comm, uint16_t role) {
   const bool seq = p.policy == kPolicySequential;
   const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
@@ -161,7 +173,7 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
     const bool with_g0 = !seq || ph == 0;
     // GEMM1 of expert i shares segment i + L with GEMM0 of expert i + L; sequential: no sharing
     int L = El;
-    if (!seq) L = min(El, max(1, ceil_div(p.num_ctas - num_comm, n0 * max(1, NB / El))));
+    if (!seq) L = min(El, max(1, ceil_div(p.num_ctas - lag_comm, n0 * max(1, NB / El))));
     if (seq && ph == 1) L = 0;
     const int num_seg = seq ? El : El + L;
     block_scan(
@@ -244,7 +256,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     }
     // weave: bubble stealing, comm CTAs join the ticket after their dispatch blocks (not under weave-nosteal,
     // p.steal = 0). Dispatch never waits on a tile, so joining late cannot deadlock.
-    if (ok && (!comm || (p.policy == kPolicyWeave && p.steal))) ok = gemm_phases(p, s, smem, lv, C, comm ? kRoleComm : kRoleCompute);
+    // weave: the GEMM1 lag assumes one comm CTA (c* is not known to the CTAs that skipped the choice, and with
+    // stealing every CTA computes after its dispatch); static:C / weave:C: C
+    const int lag_comm = p.policy == kPolicyWeave && p.num_comm_ctas <= 0 ? 1 : C;
+    if (ok && (!comm || (p.policy == kPolicyWeave && p.steal)))
+      ok = gemm_phases(p, s, smem, lv, lag_comm, comm ? kRoleComm : kRoleCompute);
     if (ok && seq) ok = sequential_combine(p, s, smem, lv);
     if (ok) ok = reduce_phase(p, s, comm ? kRoleComm : kRoleCompute);
   }

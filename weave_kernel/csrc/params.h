@@ -18,7 +18,7 @@ enum Policy : int32_t {
 
 // ---- choice output of the weave policy (double [kChoiceLen], written by CTA 0 every weave call) -----------
 enum ChoiceSlot : int32_t {
-  kChoiceCommSms = 0,   // c* of the cost model (grid c in [1, table num_sms - 1])
+  kChoiceCommSms = 0,   // c* of the cost model (grid c in [1, table max_comm_sms])
   kChoiceChunks = 1,    // K* of the cost model
   kChoiceTimeNs = 2,    // predicted T(c*, K*) in ns
   kChoiceUsedComm = 3,  // comm CTAs this call used: C of weave:C, else min(c*, num_ctas - 1)

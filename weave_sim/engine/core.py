@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from ..profile import HardwareProfile
-from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, TaskGraph
+from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, K_CTRL, TaskGraph
 from .hardware import ROLE_ANY, ROLE_COMM, ROLE_COMPUTE, NVLinkFabric
 from .plan import Plan
 
@@ -71,6 +71,12 @@ class LayerSim:
             self._claims = claims.tolist()
         self._running = [0] * graph.num_gpus  # GEMM tasks in flight per GPU (counted only with the scale)
         self._cls = cls.tolist()
+        self._kind = graph.kind.tolist()
+        # SMs that make the in-kernel decision after their GPU's count exchange (plan.decision_sms): busy until
+        # hold[g][sm]; a task they claim before that starts then
+        self._decide = list(plan.decision_sms) or None
+        self._decision_ns = int(plan.decision_ns)
+        self._hold = [[0] * profile.num_sms for _ in range(graph.num_gpus)]
         slot = cls.copy()
         slot[graph.kind == K_COMBINE] = _Q_COMBINE  # combine waits apart from dispatch (compute SMs may join it)
         self._slot = slot.tolist()
@@ -152,6 +158,8 @@ class LayerSim:
                 ev = env.event()
                 idle.append(ev)
                 t = yield ev
+            if self._decide is not None and self._hold[g][sm] > env.now:
+                yield env.timeout(self._hold[g][sm] - env.now)
             self.start_ns[t] = env.now
             self.sm[t] = sm
             self.run_count[t] += 1
@@ -233,6 +241,10 @@ class LayerSim:
     def _finish(self, t: int) -> None:
         self.end_ns[t] = self.env.now
         g = self._gpu[t]
+        if self._decide is not None and self._kind[t] == K_CTRL:  # the count exchange: the deciders decide now
+            hold = self._hold[g]
+            for sm in range(min(self._decide[g], len(hold))):
+                hold[sm] = self.env.now + self._decision_ns
         cross = []
         for d in self._deps[self._ptr[t]:self._ptr[t + 1]]:
             if self._gpu[d] != g:

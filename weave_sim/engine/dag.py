@@ -249,8 +249,9 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     ring = receive_ring(G, dispatch_order)
 
     # Weave's decision is charged inside the count-exchange task (strictly it follows the remote counts'
-    # arrival; the delay before any dispatch is the same either way).
-    cx = b.add(K_CTRL, np.arange(G), work_ns=fx["count_exchange"] + plan.decision_ns)
+    # arrival; the delay before any dispatch is the same either way), unless the plan names the SMs that make
+    # it (decision_sms: the core holds those after the count exchange, the others start at once).
+    cx = b.add(K_CTRL, np.arange(G), work_ns=fx["count_exchange"] + (0 if plan.decision_sms else plan.decision_ns))
     first_ns = fx["grid_barrier"] if plan.fused else fx["host_sync"] + fx["launch"]
     known = b.add(K_BARRIER, np.arange(G), delay_ns=first_ns if seq else 0)
     b.edges(cx[:, None], known[None, :])

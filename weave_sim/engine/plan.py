@@ -20,7 +20,11 @@ class Plan:
     all_join_combine: once every GEMM task of a GPU is claimed, its compute workers also push combine rows.
     sequential: no overlap (NCCL all-to-all + grouped GEMM): host sync and a launch before dispatch, a launch
         before the GEMMs (after the GPU's dispatch traffic, both directions, is complete), a launch before combine.
-    decision_ns: extra time of the count-exchange task for an in-kernel decision (Weave's spatial scheduler).
+    decision_ns: time of an in-kernel decision (Weave's spatial scheduler), charged inside the count-exchange
+        task (every SM waits for it), or with `decision_sms` only to those SMs.
+    decision_sms: () or, per GPU, how many SMs (0..n-1) make the decision after the count exchange; the other
+        SMs start at once (the megakernel's `weave`: the CTAs below the cost table's max_comm_sms; weave:C:
+        CTA 0 alone, for the record).
     fused: with `sequential`, the phases run inside one persistent launch (the megakernel's `sequential`):
         phase boundaries cost a grid barrier instead of a host sync and kernel launches.
     combine_in_epilogue: compute SMs push a row block's results as soon as they are ready, ahead of new
@@ -34,12 +38,16 @@ class Plan:
     all_join_combine: bool = False
     sequential: bool = False
     decision_ns: int = 0
+    decision_sms: tuple[int, ...] = ()
     fused: bool = False
     combine_in_epilogue: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_comm_sms", tuple(int(c) for c in self.num_comm_sms))
         object.__setattr__(self, "num_chunks", tuple(int(k) for k in self.num_chunks))
+        object.__setattr__(self, "decision_sms", tuple(int(n) for n in self.decision_sms))
+        if self.decision_sms and len(self.decision_sms) != len(self.num_comm_sms):
+            raise ValueError("plan: decision_sms needs one entry per GPU (or none)")
         if len(self.num_comm_sms) != len(self.num_chunks):
             raise ValueError("plan: num_comm_sms and num_chunks need one entry per GPU")
         if any(k < 1 for k in self.num_chunks):
@@ -58,5 +66,5 @@ class Plan:
         return {
             "label": self.label, "num_comm_sms": list(self.num_comm_sms), "num_chunks": list(self.num_chunks),
             "steal": self.steal, "all_join_combine": self.all_join_combine, "sequential": self.sequential,
-            "decision_ns": self.decision_ns, "fused": self.fused, "combine_in_epilogue": self.combine_in_epilogue,
+            "decision_ns": self.decision_ns, "decision_sms": list(self.decision_sms), "fused": self.fused, "combine_in_epilogue": self.combine_in_epilogue,
         }

@@ -91,7 +91,7 @@ class SimContext:
 
     def graph(self, plan: Plan, clock=None):
         ck = None if clock is None else tuple(np.round(clock, 4))
-        key = (plan.num_chunks, plan.sequential, plan.decision_ns, plan.fused, ck)
+        key = (plan.num_chunks, plan.sequential, plan.decision_ns, bool(plan.decision_sms), plan.fused, ck)
         if key not in self._graphs:
             o = self.options
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,

@@ -45,7 +45,7 @@ def chrome_trace_events(result: LayerResult) -> list[dict]:
         if g_.tiles[t] > 1:
             args["tiles"] = int(g_.tiles[t])
         start, end = int(result.start_ns[t]), int(result.end_ns[t])
-        decision = result.plan.decision_ns if g_.kind[t] == K_CTRL else 0
+        decision = result.plan.decision_ns if g_.kind[t] == K_CTRL and not result.plan.decision_sms else 0
         if decision:  # the kernel records its in-kernel (c*, K*) decision as a separate 'choose' event
             events.append({"ph": "X", "name": "choose", "cat": cat, "pid": g, "tid": sm,
                            "ts": (end - decision) / 1e3, "dur": decision / 1e3,
@@ -54,17 +54,38 @@ def chrome_trace_events(result: LayerResult) -> list[dict]:
             end -= decision
         events.append({"ph": "X", "name": KIND_NAMES[g_.kind[t]], "cat": cat, "pid": g, "tid": sm,
                        "ts": start / 1e3, "dur": (end - start) / 1e3, "args": args})
-    events += _waits(result, ran)
+    extra = _decisions(result)
+    for g, sm, a, b in extra:
+        events.append({"ph": "X", "name": "choose", "cat": ROLE_NAMES[result.roles[g, sm]], "pid": g, "tid": sm,
+                       "ts": a / 1e3, "dur": (b - a) / 1e3,
+                       "args": {"c_star": int(result.plan.num_comm_sms[g]), "k_star": int(result.plan.num_chunks[g])}})
+    events += _waits(result, ran, extra)
     events += _counters(result)
     return events
 
 
-def _waits(result: LayerResult, ran: np.ndarray) -> list[dict]:
+def _decisions(result: LayerResult) -> list[tuple[int, int, int, int]]:
+    """(gpu, sm, start, end) of the decision on the SMs that make it after the count exchange (plan.decision_sms)."""
+    plan, g_ = result.plan, result.graph
+    if not plan.decision_sms or not plan.decision_ns:
+        return []
     out = []
-    gpu, sm = result.graph.gpu[ran].astype(np.int64), result.sm[ran]
-    order = np.lexsort((result.start_ns[ran], sm, gpu))
+    for t in np.flatnonzero(g_.kind == K_CTRL).tolist():
+        g, end = int(g_.gpu[t]), int(result.end_ns[t])
+        out += [(g, sm, end, end + plan.decision_ns) for sm in range(min(plan.decision_sms[g], result.roles.shape[1]))]
+    return out
+
+
+def _waits(result: LayerResult, ran: np.ndarray, extra=()) -> list[dict]:
+    """Gaps between an SM's tasks (and `extra` busy intervals (gpu, sm, start, end)) up to its GPU's end."""
+    out = []
+    x = np.array(extra, dtype=np.int64).reshape(-1, 4)
+    gpu = np.r_[result.graph.gpu[ran].astype(np.int64), x[:, 0]]
+    sm = np.r_[result.sm[ran].astype(np.int64), x[:, 1]]
+    st, en = np.r_[result.start_ns[ran], x[:, 2]], np.r_[result.end_ns[ran], x[:, 3]]
+    order = np.lexsort((st, sm, gpu))
     key = gpu[order] * 1_000_000 + sm[order]
-    starts, ends = result.start_ns[ran][order], result.end_ns[ran][order]
+    starts, ends = st[order], en[order]
     G, N = result.roles.shape
     for g in range(G):
         for s in range(N):

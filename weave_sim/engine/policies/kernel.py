@@ -4,16 +4,19 @@ The megakernel differs from the idealised policies in ways that change its timel
 - `kernel:sequential`: phases inside one persistent launch, separated by grid barriers (no host sync);
 - `kernel:static:C`: C CTAs dispatch and then idle; compute CTAs push each row block's results to the
   source straight from the GEMM1 epilogue (combine is pipelined per row block, by compute SMs);
-- `kernel:weave` / `kernel:weave:C` / `kernel:weave:c0,c1,..`: (c*, K*) from the same cost table as
-  `weave` (or fixed C, or one C per GPU such as the choice a measured run recorded), the
-  combine in the epilogue as above, and comm CTAs stealing GEMM tiles after dispatch;
-- `kernel:weave-nosteal` (`:c0,c1,..`): the same split, comm CTAs idle after dispatch (no stealing).
+- `kernel:weave` / `kernel:weave@c0,c1,..` / `kernel:weave:C` / `kernel:weave:c0,c1,..`: (c*, K*) from the same
+  cost table as `weave` (or the split a measured `weave` run recorded, one C per GPU; or a fixed C, or one
+  fixed C per GPU), the combine in the epilogue as above, and comm CTAs stealing GEMM tiles after dispatch.
+  The decision is made after the count exchange by the CTAs below the table's max_comm_sms under `weave`
+  (the others start at once), by CTA 0 alone under a fixed C;
+- `kernel:weave-nosteal` (`@c0,c1,..`, `:C`): the same split, comm CTAs idle after dispatch (no stealing).
 Row blocks per (expert, source) segment and pair-based dispatch are properties of the workload given to the
 engine (a validation run rebuilds it from the counts the kernel exchanged), not of this policy.
 """
 from __future__ import annotations
 
 from ... import costmodel
+from ...costtable import table_for
 from ..plan import Plan
 
 
@@ -37,19 +40,23 @@ def plan(ctx, spec: str) -> Plan:
         return Plan("kernel:sequential", (ctx.profile.num_sms,) * G, (1,) * G, sequential=True, fused=True)
     if name == "static" and arg:
         return Plan(f"kernel:static:{int(arg)}", (int(arg),) * G, chunks, combine_in_epilogue=True)
-    if name in ("weave", "weave-nosteal"):
-        if arg:  # one C for every GPU, or one per GPU (c0,c1,...: e.g. the choices a kernel run recorded)
-            comm = tuple(int(c) for c in arg.split(","))
+    name, at, recorded = name.partition("@")
+    if name in ("weave", "weave-nosteal") and not (at and arg):
+        given = arg or recorded
+        if given:  # one C for every GPU, or one per GPU (@c0,c1,...: the choices a kernel run recorded)
+            comm = tuple(int(c) for c in given.split(","))
             comm = comm * G if len(comm) == 1 else comm
             if len(comm) != G:
-                raise ValueError(f"kernel:{name}:{arg}: give one C or {G} comma-separated values")
+                raise ValueError(f"kernel:{spec}: give one C or {G} comma-separated values")
         else:
             vol = costmodel.Volumes.from_workloads([ctx.workload], ctx.profile)
             comm = tuple(int(c) for c in costmodel.choose(vol, ctx.profile).num_comm_sms[0])
-        return Plan(f"kernel:{name}{':' + arg if arg else ''}", comm, chunks, steal=name == "weave",
-                    combine_in_epilogue=True, decision_ns=ctx.profile.fixed_ns["decision"])
-    raise ValueError(f"kernel:{spec}: expected kernel:sequential, kernel:static:C, kernel:weave, kernel:weave:C or "
-                     "kernel:weave-nosteal")
+        N = ctx.profile.num_sms
+        deciders = 1 if arg else min(table_for(ctx.profile).max_comm_sms, N)  # fixed C: CTA 0, for the record
+        return Plan(f"kernel:{spec}", comm, chunks, steal=name == "weave", combine_in_epilogue=True,
+                    decision_ns=ctx.profile.fixed_ns["decision"], decision_sms=(deciders,) * G)
+    raise ValueError(f"kernel:{spec}: expected kernel:sequential, kernel:static:C, kernel:weave, kernel:weave:C, "
+                     "kernel:weave@c0,c1,.. or kernel:weave-nosteal")
 
 
 def run(ctx, arg):
