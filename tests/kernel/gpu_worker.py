@@ -54,6 +54,33 @@ def gather_routing(ids: np.ndarray, w: np.ndarray, x: torch.Tensor):
     return objs, xs
 
 
+def poisoned_run(label: str, layer, call, out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Poison `out` and the layer's scratch rows with NaN, run `call` (one layer call or graph replay writing
+    `out`), compare `out` with `ref` on every rank (rel. error <= TOL); log PASS/FAIL with each rank's error and
+    record a failure. Every rank must call it."""
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    dist.barrier()
+    layer.poison_scratch()
+    torch.cuda.synchronize()
+    dist.barrier()
+    try:
+        call()
+        torch.cuda.synchronize()
+        err = rel_err(out, ref)
+    except Exception as exc:  # noqa: BLE001 - report and continue with the other cases
+        err = float("inf")
+        traceback.print_exc()
+        print(f"rank {dist.get_rank()}: {' '.join(label.split())}: {exc}", flush=True)
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    ok = all(e <= TOL for e in errs)
+    log(f"{'PASS' if ok else 'FAIL'} {label} rel_err {' '.join(f'{e:.2e}' for e in errs)}")
+    if not ok:
+        FAILURES.append(" ".join(label.split()))
+    return ok
+
+
 def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
              routing: str = "skewed", placement: str = "contiguous",
              policies=("sequential", "static:8", "static:64", "weave", "weave:16", "weave-nosteal"),
@@ -96,27 +123,9 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
         ids_d = torch.as_tensor(ids).to(dev)
         w_d = torch.as_tensor(w).to(dev)
         for pol in policies:
-            y = torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev)
-            torch.cuda.synchronize()
-            dist.barrier()
-            layer.poison_scratch()
-            torch.cuda.synchronize()
-            dist.barrier()
-            try:
-                layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y)
-                torch.cuda.synchronize()
-                err = rel_err(y, ref)
-            except Exception as exc:  # noqa: BLE001 - report and continue with the other cases
-                err = float("inf")
-                traceback.print_exc()
-                print(f"rank {rank}: {name} {pol}: {exc}", flush=True)
-            errs = [None] * world
-            dist.all_gather_object(errs, err)
-            ok = all(e <= TOL for e in errs)
-            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} {pol:<11} tokens {tokens} "
-                f"rel_err {' '.join(f'{e:.2e}' for e in errs)}")
-            if not ok:
-                FAILURES.append(f"{name} rep {rep} {pol}")
+            y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+            poisoned_run(f"{name:<34} rep {rep} {pol:<11} tokens {tokens}", layer,
+                         lambda: layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y), y, ref)
             if pol.startswith("weave"):
                 check_choice(f"{name} rep {rep} {pol}", layer, pol, [r[0] for r in all_routing], pl,
                              geometry_model(hidden, inter, num_experts, top_k))
@@ -187,43 +196,16 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
         ids_s.copy_(torch.as_tensor(ids, dtype=torch.int32))
         w_s.copy_(torch.as_tensor(w))
         for pol, g in graphs.items():
-            y_s.fill_(float("nan"))
-            torch.cuda.synchronize()
-            dist.barrier()
-            layer.poison_scratch()
-            torch.cuda.synchronize()
-            dist.barrier()
-            try:
-                g.replay()
-                torch.cuda.synchronize()
-                layer.raise_if_error()
-                err = rel_err(y_s, ref)
-            except Exception as exc:  # noqa: BLE001 - report and continue
-                err = float("inf")
-                traceback.print_exc()
-                print(f"rank {rank}: {name} graph {pol}: {exc}", flush=True)
-            errs = [None] * world
-            dist.all_gather_object(errs, err)
-            ok = all(e <= TOL for e in errs)
-            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} graph {pol:<11} tokens {tokens} "
-                f"rel_err {' '.join(f'{e:.2e}' for e in errs)}")
-            if not ok:
-                FAILURES.append(f"{name} rep {rep} graph {pol}")
+            poisoned_run(f"{name:<34} rep {rep} graph {pol:<11} tokens {tokens}", layer,
+                         lambda: (g.replay(), torch.cuda.synchronize(), layer.raise_if_error()), y_s, ref)
             if pol.startswith("weave"):
                 check_choice(f"{name} rep {rep} graph {pol}", layer, pol, [r[0] for r in all_routing], pl,
                              geometry_model(hidden, inter, num_experts, top_k))
         # an eager call between replays, on other inputs: the next replay must not see its flags as its own
-        y_e = torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev)
-        layer(x_s.flip(0).contiguous(), ids_s.flip(0).contiguous(), w_s.flip(0).contiguous(), w13, w2,
-              policy="static:20", out=y_e)
-        torch.cuda.synchronize()
-        errs = [None] * world
-        dist.all_gather_object(errs, rel_err(y_e.flip(0), ref))
-        ok = all(e <= TOL for e in errs)
-        log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} eager static:20 between replays rel_err "
-            f"{' '.join(f'{e:.2e}' for e in errs)}")
-        if not ok:
-            FAILURES.append(f"{name} rep {rep} eager between replays")
+        y_e = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+        xf, idf, wf = (t.flip(0).contiguous() for t in (x_s, ids_s, w_s))
+        poisoned_run(f"{name:<34} rep {rep} eager static:20 between replays", layer,
+                     lambda: layer(xf, idf, wf, w13, w2, policy="static:20", out=y_e), y_e, ref.flip(0))
 
 
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks

@@ -359,7 +359,6 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         rb_rate.append(rate)
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
     rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))
-    rb_rows = np.concatenate([x["rows"] for x in geo])
     rb_cost_rows = np.concatenate([x["cost_rows"] for x in geo])  # rows the MMAs compute (padding included)
     rb_blocks = np.concatenate([x["expert_blocks"] for x in geo])
     per_sm_hbm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
