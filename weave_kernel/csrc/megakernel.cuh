@@ -8,7 +8,8 @@
 //                            (GEMM0 of block i interleaved with GEMM1 of block i - L), waiting only on the
 //                            rows they need; GEMM1 epilogues push straight into the source's combine slots
 //                weave     : (c*, K*) from the cost table right after the count exchange (choice.cuh), identical
-//                            on every CTA; CTAs [0, c*) dispatch, then steal tiles from the same ticket
+//                            on every CTA below the table's max_comm_sms (the others skip it: they compute);
+//                            CTAs [0, c*) dispatch, then steal tiles from the same ticket
 //   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb
 //
 // Cross-GPU flags hold the call's epoch (never reset; counted on the device, so CUDA-graph replays advance it);
