@@ -1,0 +1,62 @@
+"""Where the host's time per eager layer call goes (one GPU): the Python checks, the parameter dict, the
+extension's launch (dict parsing, TMA descriptors, the launch itself) and the whole call, each timed over many
+calls without a sync (the GPU runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from weave_kernel.megakernel import MoEMegakernel
+from weave_kernel.policies import parse_policy
+from weave_kernel.reference import make_weights
+from weave_kernel.routing import skewed_routing
+from weave_kernel.symm import init_ranks
+from weave_kernel.validate import check_layer_inputs
+from weave_sim.placement import contiguous
+from weave_sim.presets import get_model
+
+
+def per_call_us(fn, n: int = 200) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def main() -> None:
+    init_ranks()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    m = get_model("qwen3-30b-a3b")
+    E, k, H, I, n = m.num_experts, m.top_k, m.hidden_size, m.expert_ffn_size, 128
+    layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, 1), max_tokens=n)
+    w13, w2 = make_weights(E, H, I, device=dev, generator=torch.Generator(device=dev).manual_seed(0))
+    ids, w = skewed_routing(n, E, k, seed=0, zipf_s=1.2)
+    x = torch.randn(n, H, device=dev).to(torch.bfloat16)
+    ids, w = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
+    y = torch.empty(n, H, dtype=torch.bfloat16, device=dev)
+    pol = parse_policy("weave", layer.num_ctas)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    params = layer._params(x, ids, w, w13, w2, y, pol, False)
+    layer(x, ids, w, w13, w2, policy="weave", out=y)  # warm
+    rows = {
+        "check_layer_inputs": lambda: check_layer_inputs(
+            x, ids, w, w13, w2, hidden=H, inter=I, num_experts=E, num_local_experts=E, top_k=k, max_tokens=n,
+            device=dev, check_ids=False),
+        "parse_policy": lambda: parse_policy("weave", layer.num_ctas),
+        "_params dict": lambda: layer._params(x, ids, w, w13, w2, y, pol, False),
+        "current_stream": lambda: torch.cuda.current_stream(dev).cuda_stream,
+        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "ext.launch (same dict)": lambda: (setattr(layer, "epoch", layer.epoch + 1), layer.ext.launch(params, stream)),
+        "whole call, check=False": lambda: layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
+    }
+    for name, fn in rows.items():
+        print(f"{name:<30} {per_call_us(fn, 50 if 'call' in name or 'launch' in name else 500):8.1f} us")
+    layer.raise_if_error()
+
+
+if __name__ == "__main__":
+    main()
