@@ -1,4 +1,8 @@
-# racecheck on the kernel before and after a change, twice each, same tiny case (gpu_worker --sanitize)
+#!/bin/bash
+# racecheck on the kernel before and after a change, twice each, on the same tiny case (gpu_worker --sanitize),
+# after building both and running gpu_worker --quick on the working tree. A hazard that the old sources show too is
+# not the change's. Needs $OUT and the old sources in tests/kernel/_ab_old_csrc (how to fill it: ab_inproc.sh).
+# Used for docs/kernel.md "The choice off the critical path"; prints one line per run into $OUT/race_ab.txt.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 ( TORCH_EXTENSIONS_DIR=/tmp/ext_old WEAVE_KERNEL_CSRC=$PWD/tests/kernel/_ab_old_csrc python3 -c "from weave_kernel.build import load_extension; load_extension(False)" > /dev/null 2>&1 ) &
 bash tests/kernel/device_run.sh build,test1 2>&1 | tail -4
