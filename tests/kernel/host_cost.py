@@ -3,10 +3,9 @@ extension's launch (dict parsing, TMA descriptors, the launch itself) and the wh
 calls without a sync (the GPU runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py"""
 from __future__ import annotations
 
-import time
-
 import torch
 
+from weave_kernel.bench import host_us_per_call
 from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.policies import parse_policy
 from weave_kernel.reference import make_weights
@@ -15,16 +14,6 @@ from weave_kernel.symm import init_ranks
 from weave_kernel.validate import check_layer_inputs
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
-
-
-def per_call_us(fn, n: int = 200) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
 
 
 def main() -> None:
@@ -54,7 +43,7 @@ def main() -> None:
         "whole call, check=False": lambda: layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
     }
     for name, fn in rows.items():
-        print(f"{name:<30} {per_call_us(fn, 50 if 'call' in name or 'launch' in name else 500):8.1f} us")
+        print(f"{name:<30} {host_us_per_call(fn, 50 if 'call' in name or 'launch' in name else 500):8.1f} us")
     layer.raise_if_error()
 
 
