@@ -21,16 +21,21 @@ Variants (--variant):
   nosteal   weave's split without bubble stealing (policy weave-nosteal, built): the comm CTAs idle after their
             dispatch. A gain above 1 says the simulator expects stealing to cost; its profiles have no stealing
             slowdown at the power cap beyond what a power model's clock gives (docs/kernel.md).
+  decide:NS weave's choice costing NS ns (the profiles say 600, the megakernel takes about 8000): "as built" here is
+            the kernel before 9caebac, where every SM waited for it; "changed" the kernel since, where only the
+            SMs below the cost table's max_comm_sms make it and the others start at once (docs/kernel.md, "The
+            choice off the critical path"). static:20 makes no choice (the same on both sides).
 Both sides are simulated under the engine's model of the kernel with the same profile, so the ratio is what the
 simulator expects the change to gain (its held-out error on the kernel as built is in docs/results.md).
 
-    python -m weave_kernel.whatif docs/results/kernel_bench_B_tma2.json [--variant dedup|gemm:1.2]
+    python -m weave_kernel.whatif docs/results/kernel_bench_B_tma2.json [--variant dedup|gemm:1.2|decide:8000]
 
 CPU only; needs no torch.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -39,6 +44,8 @@ import numpy as np
 
 from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
+from weave_sim.engine.policies import kernel as kernel_policy
+from weave_sim.engine.run import SimContext, SimOptions
 from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
@@ -83,6 +90,19 @@ def energy_scaled(profile, factor: float):
     return profile_from_dict(raw, origin=f"{profile.name} x{factor} energy per FLOP")
 
 
+def with_decision(profile, ns: float):
+    """`profile` with weave's in-kernel decision costing ns."""
+    raw = json.loads(json.dumps(profile.raw))
+    raw["fixed_ns"]["decision"] = int(round(ns))
+    return profile_from_dict(raw, origin=f"{profile.name}, decision {int(round(ns))} ns")
+
+
+def weave_every_sm_decides_ms(workload, profile, opts: dict) -> float:
+    """kernel:weave as the megakernel ran it before 9caebac: every SM waits for the decision."""
+    ctx = SimContext(workload, profile, SimOptions(**opts))
+    return ctx.simulate(dataclasses.replace(kernel_policy.plan(ctx, "weave"), decision_sms=())).latency_ns / 1e6
+
+
 def parse_variant(text: str) -> tuple[str, float]:
     if text in ("dedup", "nosteal"):
         return text, 1.0
@@ -91,7 +111,7 @@ def parse_variant(text: str) -> tuple[str, float]:
         if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
             return "pad", float(r)
         raise ValueError(f"variant {text!r}: pad:R needs R dividing 128 (e.g. pad:64)")
-    for kind in ("gemm", "push", "energy"):
+    for kind in ("gemm", "push", "energy", "decide"):
         if text.startswith(kind + ":"):
             try:
                 s = float(text.split(":", 1)[1])
@@ -100,7 +120,7 @@ def parse_variant(text: str) -> tuple[str, float]:
             if s > 0:
                 return kind, s
     raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
-                     "(e.g. gemm:1.2), or 'pad:R'")
+                     "(e.g. gemm:1.2), 'decide:NS' with NS > 0, or 'pad:R'")
 
 
 def result_workload(result: dict, dispatch_rows=None):
@@ -154,6 +174,9 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
     elif kind == "nosteal":
         changed, changed_opts, changed_profile = as_built, opts, profile
+    elif kind == "decide":
+        profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs
+        changed, changed_opts, changed_profile = as_built, opts, profile
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
@@ -169,6 +192,8 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
     for name, w, o, prof, pol in (("as_built", as_built, opts, profile, dict(zip(POLICIES, POLICIES))),
                                   ("changed", changed, changed_opts, changed_profile, engine)):
         out[name] = {p: simulate_layer(w, prof, pol[p], **o).latency_ns / 1e6 for p in POLICIES}
+    if kind == "decide":
+        out["as_built"]["kernel:weave"] = weave_every_sm_decides_ms(as_built, profile, opts)
     out["bound_ms"] = result_bound_ms(result, cfg)
     return out
 
@@ -179,8 +204,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
                     help="dedup, nosteal (weave's split without stealing), gemm:S (tiles S times faster), push:S (comm "
-                         "CTAs S times faster), energy:S (energy per FLOP x S; power profiles) or pad:R (a block's MMAs "
-                         "cost its rows rounded up to R)")
+                         "CTAs S times faster), energy:S (energy per FLOP x S; power profiles), pad:R (a block's MMAs "
+                         "cost its rows rounded up to R) or decide:NS (every SM waiting for an NS-ns choice, before "
+                         "9caebac, vs the deciding SMs only)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
@@ -197,8 +223,10 @@ def main(argv=None) -> int:
     what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
             "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
-            "pad": f"MMAs of rows rounded up to {int(factor)}"}[kind]
-    print(f"simulator ({args.profile}): the kernel as built vs {what}")
+            "pad": f"MMAs of rows rounded up to {int(factor)}",
+            "decide": f"the choice ({int(factor)} ns) made by the SMs below max_comm_sms only"}[kind]
+    built = "every SM waiting for the choice (before 9caebac)" if kind == "decide" else "the kernel as built"
+    print(f"simulator ({args.profile}): {built} vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")
     for r in rows:

@@ -149,3 +149,23 @@ def test_whatif_nosteal_changes_only_weave_and_matches_the_engine_policy():
     assert out["changed"]["kernel:weave"] == want
     assert out["as_built"]["kernel:weave"] == simulate_layer(result_workload(r), prof, "kernel:weave",
                                                              **kernel_options(r)).latency_ns / 1e6
+
+
+def test_whatif_decide_moves_only_weave_and_only_forward():
+    """decide:NS: the same profile (decision NS) on both sides; every SM waiting for it (before 9caebac) is never
+    faster than only the deciding SMs waiting, the gap grows with NS, and static:20 does not move."""
+    import pytest
+
+    from weave_kernel.whatif import parse_variant
+
+    r = _result(top_k=4, tokens=512)
+    prof = load_profile("h200-megakernel")
+    assert parse_variant("decide:8000") == ("decide", 8000.0)
+    with pytest.raises(ValueError, match="decide:NS"):
+        parse_variant("decide:0")
+    small, big = (whatif_result(r, prof, CFG, variant=f"decide:{ns}") for ns in (600, 40_000))
+    for out in (small, big):
+        assert out["changed"]["kernel:static:20"] == out["as_built"]["kernel:static:20"]
+        assert out["as_built"]["kernel:weave"] >= out["changed"]["kernel:weave"]
+    assert (big["as_built"]["kernel:weave"] - big["changed"]["kernel:weave"]
+            > small["as_built"]["kernel:weave"] - small["changed"]["kernel:weave"])
