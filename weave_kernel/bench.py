@@ -330,9 +330,10 @@ def host_us_per_call(fn, calls: int = 8) -> float:
 
 
 def graph_of(fn):
-    """(replay, output): fn (one layer call, check=False) captured in a CUDA graph, replayed once and checked for
-    kernel errors; output is the tensor each replay writes. Every rank captures the same calls in the same
-    order (a capture runs nothing, so the device epoch counters stay in step)."""
+    """(replay, output): fn (one layer call, check=False) captured in a CUDA graph and replayed once; output is the
+    tensor each replay writes (the caller compares it with the reference; kernel errors surface at the
+    benchmark's raise_if_error after timing). Every rank captures the same calls in the same order (a capture
+    runs nothing, so the device epoch counters stay in step)."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = fn()
