@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from weave_sim.placement import contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
-from weave_sim.validate import KERNEL_LAYOUT, config_label  # KERNEL_LAYOUT: the layout this kernel computes with
+from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, config_label  # the layout and deciders of this kernel
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
@@ -206,7 +206,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     x = torch.randn(n, H, device=dev).to(torch.bfloat16)
     ids_d, w_d = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
     owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
-    res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
+    res = {"kernel_layout": KERNEL_LAYOUT, "kernel_deciders": KERNEL_DECIDERS, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
            "num_ctas": layer.num_ctas, "latency_ms": {}, "timing_order": args.order}
     if moe_layer is not None:

@@ -35,7 +35,6 @@ CPU only; needs no torch.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -44,13 +43,11 @@ import numpy as np
 
 from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
-from weave_sim.engine.policies import kernel as kernel_policy
-from weave_sim.engine.run import SimContext, SimOptions
 from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import load_profile, profile_from_dict
-from weave_sim.validate import kernel_options, profile_for_result
+from weave_sim.validate import bench_results, kernel_options, profile_for_result
 from weave_sim.workload import workload_from_counts
 
 from .routing import result_routing
@@ -95,12 +92,6 @@ def with_decision(profile, ns: float):
     raw = json.loads(json.dumps(profile.raw))
     raw["fixed_ns"]["decision"] = int(round(ns))
     return profile_from_dict(raw, origin=f"{profile.name}, decision {int(round(ns))} ns")
-
-
-def weave_every_sm_decides_ms(workload, profile, opts: dict) -> float:
-    """kernel:weave as the megakernel ran it before 9caebac: every SM waits for the decision."""
-    ctx = SimContext(workload, profile, SimOptions(**opts))
-    return ctx.simulate(dataclasses.replace(kernel_policy.plan(ctx, "weave"), decision_sms=())).latency_ns / 1e6
 
 
 def parse_variant(text: str) -> tuple[str, float]:
@@ -153,7 +144,7 @@ def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
     keep = {int(t) for t in tokens.split(",") if t}
-    picked = [r for r in data.get("results", []) if not keep or int(r["tokens_per_gpu"]) in keep]
+    picked = [r for r in bench_results(data) if not keep or int(r["tokens_per_gpu"]) in keep]
     if not picked or any("counts" not in r for r in picked):
         raise ValueError(f"{path}: no results{' at those token counts' if keep else ''}, or results without the "
                          f"exchanged counts (re-run the benchmark, or add them with python -m weave_kernel.recount)")
@@ -175,8 +166,9 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
     elif kind == "nosteal":
         changed, changed_opts, changed_profile = as_built, opts, profile
     elif kind == "decide":
-        profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs
-        changed, changed_opts, changed_profile = as_built, opts, profile
+        profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs:
+        opts = {**opts, "kernel_deciders": "all"}  # every SM (before 9caebac) against the deciding SMs only
+        changed, changed_opts, changed_profile = as_built, {**opts, "kernel_deciders": "table"}, profile
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
@@ -192,8 +184,6 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
     for name, w, o, prof, pol in (("as_built", as_built, opts, profile, dict(zip(POLICIES, POLICIES))),
                                   ("changed", changed, changed_opts, changed_profile, engine)):
         out[name] = {p: simulate_layer(w, prof, pol[p], **o).latency_ns / 1e6 for p in POLICIES}
-    if kind == "decide":
-        out["as_built"]["kernel:weave"] = weave_every_sm_decides_ms(as_built, profile, opts)
     out["bound_ms"] = result_bound_ms(result, cfg)
     return out
 

@@ -11,13 +11,16 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
      "power": {"limit_w": float, "points": [{"ctas": int, "tflops": float,    # optional: sustained GEMM
                 "sm_mhz": float, "power_w": float}, ...],                     # with clock and board power,
                "hbm": {"tbs": float, "power_w": float, "sm_mhz": float}},     # and a sustained HBM copy
-     "dispatch": "threads" | "bulk" | "bulk:W"}                               # optional: the push points' copy code
+     "dispatch": "threads" | "bulk" | "bulk:W",                               # optional: the push points' copy code
+     "decision_ns": float, "decision_from": {...}}                            # optional: weave's in-kernel choice
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
 not measured and records where every number came from (a push curve measured with bulk copies as
 nvlink.dispatch; `--gemm-concurrency` adds gemm.scale_by_ctas from the GEMM points, `--gemm-k` gemm.k_fixed from
 tiles timed at several K: "gemm_by_k": [{"k", "ctas", "rows_per_expert", "tile_us"}, ...] with "gemm_k", the K of
-the "gemm" points).
+the "gemm" points). `--decision TRACE...` takes the cost of weave's in-kernel choice (fixed_ns.decision) from the
+`choose` records of measured Chrome traces of `weave` (decision_from_traces); `--amend PROFILE --decision TRACE...`
+sets it on an existing profile whose fit it cannot have changed (amend_decision).
 """
 from __future__ import annotations
 
@@ -227,7 +230,7 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     if "power" in m:
         prof["power"] = power_model(m["power"])
         measured.append(f"power (from {m['power']['from']})" if "from" in m["power"] else "power")
-    for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal")):
+    for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal"), ("decision_ns", "decision")):
         if key in m:
             prof["fixed_ns"][slot] = int(round(float(m[key])))
             measured.append(slot)
@@ -237,6 +240,67 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     )
     prof["calibration"] = {"base": base, "measured": measured}
     profile_from_dict(prof, origin="calibrated profile")  # validates
+    return prof
+
+
+def decision_from_traces(paths) -> dict:
+    """The cost of weave's in-kernel choice from Chrome traces of `weave` calls (bench --trace ... --trace-policy
+    weave; the simulator writes the same records): the median duration of every `choose` record, i.e. of one
+    deciding SM from the end of its count exchange to its choice. Returns {"ns", "records", "median_ns_by_trace",
+    "traces"}; a CalibrationError when a trace cannot be read or none holds a choose record (a static policy's
+    trace, or a kernel built before the choice was recorded)."""
+    from .timeline_stats import load_events
+
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise CalibrationError("decision: give at least one Chrome trace of a weave call")
+    durs, by_trace = [], {}
+    for path in paths:
+        try:
+            events = load_events(path)
+        except ValueError as exc:
+            raise CalibrationError(f"decision: {exc}") from None
+        d = [float(e.get("dur", 0.0)) * 1e3 for e in events if e.get("name") == "choose"]
+        if d:
+            by_trace[Path(path).name] = round(float(np.median(d)), 1)
+            durs += d
+    if not durs:
+        raise CalibrationError(f"decision: no 'choose' records in {', '.join(paths)} (traces of weave calls needed)")
+    if not all(np.isfinite(durs)) or min(durs) < 0:
+        raise CalibrationError("decision: choose records with negative or non-finite durations")
+    return {"ns": round(float(np.median(durs)), 1), "records": len(durs), "median_ns_by_trace": by_trace,
+            "traces": paths}
+
+
+def _weave_policies(policies) -> list[str]:
+    return [p for p in (policies or []) if str(p).split(":")[0].split("@")[0] in ("weave", "weave-nosteal")]
+
+
+def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None = None) -> dict:
+    """An existing profile with fixed_ns.decision measured from `traces` (decision_from_traces), written to
+    out_path; everything else unchanged. Refused for a profile fitted to weave latencies: the decision cost was
+    part of that fit, so refit it with --fit ... --decision instead. Its version gains "+decision"."""
+    src = load_profile(profile)
+    prof = json.loads(json.dumps(src.raw))
+    cal = prof.get("calibration") or {}
+    fitted_weave = _weave_policies(cal.get("policies")) if "fitted_to" in cal else []
+    if "fitted_to" in cal and cal.get("policies") is None:
+        fitted_weave = ["(all policies)"]
+    if fitted_weave:
+        raise CalibrationError(f"{src.name} was fitted to latencies of {', '.join(fitted_weave)}, which pay the "
+                               "decision: refit it (weave-sim calibrate --fit ... --decision TRACE...) instead")
+    dec = decision_from_traces(traces)
+    old = prof["fixed_ns"].get("decision")
+    prof["fixed_ns"]["decision"] = int(round(dec["ns"]))
+    if name:
+        prof["name"] = name
+    prof["version"] = f"{prof.get('version', '?')}+decision"
+    prof["source"] = (prof.get("source", "") + f" Decision cost {int(round(dec['ns']))} ns (was {old}): median of "
+                      f"{dec['records']} measured choose records ({', '.join(dec['median_ns_by_trace'])}).")
+    prof["calibration"] = {**cal, "decision_from": dec}
+    profile_from_dict(prof, origin="profile with measured decision cost")  # validates
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof
 
 
@@ -291,13 +355,15 @@ def apply_fit(prof: dict, fitted: str | Path) -> dict:
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
                    power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
                    concurrency: bool = False, k_fixed_path: Path | str | None = None,
-                   params_from: str | Path | None = None) -> dict:
+                   params_from: str | Path | None = None, decision_traces=None) -> dict:
     """measurements -> profile JSON; k_fixed_path: gemm.k_fixed from this file's gemm_by_k ("-": from the
     measurements themselves); power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
     the measured power block out (a fixed-clock profile); hbm_power=False: leave out its HBM term (w_per_tbs), which
     differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile); params_from:
-    a fitted profile whose in-layer factors are applied to the result (apply_fit)."""
+    a fitted profile whose in-layer factors are applied to the result (apply_fit); decision_traces: Chrome traces
+    of weave calls whose choose records give fixed_ns.decision (decision_from_traces; else the measurements'
+    decision_ns, else the base's)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     m = read_measurements(measurements_path)
@@ -309,6 +375,9 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
                                                   f"commit {str(pm.get('commit', '?'))[:12]})"}}
     if not power:
         m = {k: v for k, v in m.items() if k != "power"}
+    if decision_traces:
+        dec = decision_from_traces(decision_traces)
+        m = {**m, "decision_ns": dec["ns"], "decision_from": dec}
     kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read_measurements(k_fixed_path))
     prof = build_profile(m, base=base, name=name, concurrency=concurrency, k_fixed_from=kf)
     if not power:
@@ -317,6 +386,8 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
         prof["power"].pop("w_per_tbs", None)
     if params_from is not None:
         prof = apply_fit(prof, params_from)
+    if "decision_from" in m:
+        prof["calibration"]["decision_from"] = m["decision_from"]
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof
@@ -443,7 +514,7 @@ def bench_kernel_sources(bench: dict) -> str | None:
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1,
-                concurrency_path: Path | None = None, k_fixed_path: Path | None = None) -> dict:
+                concurrency_path: Path | None = None, k_fixed_path: Path | None = None, decision_traces=None) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -456,7 +527,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     processes that simulate the points (FitPool; 0 = one per CPU); the fit is the same for any number.
     concurrency_path: a measurements file whose GEMM points give the base a gemm.scale_by_ctas
     (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it). k_fixed_path: a file with tiles timed at
-    several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting."""
+    several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting. decision_traces:
+    Chrome traces of weave calls that give the base fixed_ns.decision (decision_from_traces) before fitting."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -467,7 +539,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         bench = json.loads(Path(bench_path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
-    bench = {**bench, "results": [r for r in bench.get("results", []) if r["tokens_per_gpu"] >= min_tokens]}
+    from .validate import bench_results
+
+    bench = {**bench, "results": [r for r in bench_results(bench) if r["tokens_per_gpu"] >= min_tokens]}
     base_raw = json.loads(json.dumps(load_profile(base).raw))
     if not power:
         base_raw.pop("power", None)
@@ -487,6 +561,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     if k_fixed_path is not None:
         base_raw["gemm"]["k_fixed"] = gemm_k_fixed(read_measurements(k_fixed_path))
         _add_note(base_raw["gemm"], K_FIXED_NOTE)
+    decision = decision_from_traces(decision_traces) if decision_traces else None
+    if decision is not None:
+        base_raw["fixed_ns"]["decision"] = int(round(decision["ns"]))
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
@@ -534,11 +611,14 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (", tile time by K (gemm.k_fixed share "
                          f"{base_raw['gemm']['k_fixed']['share']:.3f} at K {base_raw['gemm']['k_fixed']['k']})"
                          if "k_fixed" in base_raw["gemm"] else "")
-                      + (", SM clock from the power model" if "power" in base_raw else "") + "; "
+                      + (", SM clock from the power model" if "power" in base_raw else "")
+                      + (f", decision {base_raw['fixed_ns']['decision']} ns from {decision['records']} measured "
+                         "choose records" if decision is not None else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
                            **({} if concurrency_path is None else {"concurrency_from": str(concurrency_path)}),
                            **({} if k_fixed_path is None else {"k_fixed_from": str(k_fixed_path)}),
+                           **({} if decision is None else {"decision_from": decision}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
@@ -147,10 +146,17 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from .calibrate import calibrate_file, fit_profile
+    from .calibrate import amend_decision, calibrate_file, fit_profile
 
+    if args.amend is not None:
+        if args.measurements is not None or args.fit is not None or not args.decision:
+            raise ValueError("--amend PROFILE takes --decision TRACE... and neither a measurements file nor --fit")
+        prof = amend_decision(args.amend, args.decision, args.output, name=args.name)
+        print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: decision "
+              f"{prof['fixed_ns']['decision']} ns from {prof['calibration']['decision_from']['records']} choose records")
+        return 0
     if (args.measurements is None) == (args.fit is None):
-        raise ValueError("give either a measurements file or --fit BENCH.json")
+        raise ValueError("give either a measurements file or --fit BENCH.json (or --amend PROFILE --decision TRACE...)")
     if args.fit is None and args.gemm_concurrency not in (None, "-"):
         raise ValueError("--gemm-concurrency takes a file only with --fit (else the curve comes from the measurements)")
     if args.fit is not None and args.gemm_concurrency == "-":
@@ -165,14 +171,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
                            workers=args.workers, concurrency_path=args.gemm_concurrency, k_fixed_path=args.gemm_k,
-                           **kw)
+                           decision_traces=args.decision, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
                               power=not args.no_power, hbm_power=not args.no_hbm_power,
                               concurrency=args.gemm_concurrency is not None, k_fixed_path=args.gemm_k,
-                              params_from=args.params_from)
+                              params_from=args.params_from, decision_traces=args.decision)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -229,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with measurements: apply this fitted profile's in-layer factors (GEMM rate and push scales, "
                         "fixed costs) to the result instead of refitting, e.g. for the push curve of another "
                         "dispatch mode measured beside the kernel runs (docs/calibration.md)")
+    p.add_argument("--decision", type=Path, nargs="+", default=None, metavar="TRACE",
+                   help="the cost of weave's in-kernel choice (fixed_ns.decision): the median of the choose records "
+                        "in these Chrome traces of weave calls (bench --trace ... --trace-policy weave)")
+    p.add_argument("--amend", default=None, metavar="PROFILE",
+                   help="with --decision only: this existing profile with the measured decision cost (refused for a "
+                        "profile fitted to weave latencies, which must be refitted)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,

@@ -148,12 +148,34 @@ KERNEL_LAYOUT = "expert-packed"
 KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
 
 
+# Which CTAs make weave's in-kernel choice (engine option kernel_deciders). "table" (the kernel now, since
+# 9caebac): those below the cost table's max_comm_sms under weave, CTA 0 under weave:C; "all" (every kernel
+# before it): every CTA, and all of them wait for it. A benchmark result names it in "kernel_deciders"; results
+# without it are "all", except those of the two kernel source versions measured after the change and before
+# bench recorded it (the benchmark file's kernel_sources).
+KERNEL_DECIDERS = "table"
+TABLE_DECIDER_SOURCES = frozenset({"sha256:a316c1b34f92143f", "sha256:0ecf088e94391481"})
+
+
 def kernel_options(r: dict) -> dict:
-    """Engine options that model the kernel a benchmark result was measured on."""
+    """Engine options that model the kernel a benchmark result was measured on (results read through
+    bench_results name their deciders)."""
     layout = r.get("kernel_layout", "segment-padded")
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"unknown kernel_layout {layout!r} (known: {sorted(KERNEL_LAYOUTS)})")
-    return KERNEL_LAYOUTS[layout]
+    deciders = r.get("kernel_deciders", "all")
+    if deciders not in ("table", "all"):
+        raise ValueError(f"unknown kernel_deciders {deciders!r} (known: 'table', 'all')")
+    return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders}
+
+
+def bench_results(data: dict) -> list[dict]:
+    """The results of a loaded benchmark file, each naming its kernel's deciders ("kernel_deciders"; for results
+    that do not, dated by the file's kernel_sources: see TABLE_DECIDER_SOURCES)."""
+    from .calibrate import bench_kernel_sources
+
+    dated = "table" if bench_kernel_sources(data) in TABLE_DECIDER_SOURCES else "all"
+    return [r if "kernel_deciders" in r else {**r, "kernel_deciders": dated} for r in data.get("results") or []]
 
 
 def kernel_sources_warning(bench: dict, profile: HardwareProfile) -> str | None:
@@ -193,7 +215,7 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path
         raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    results = data["results"]
+    results = bench_results(data)
     if workers == 1 or len(results) == 1:
         return [validate_result(r, profile, seed, trace_dir) for r in results]
     from concurrent.futures import ProcessPoolExecutor

@@ -22,12 +22,12 @@ from trace_tiles import tile_stats  # noqa: E402
 from weave_sim.engine import simulate_layer  # noqa: E402
 from weave_sim.engine.dag import KIND_NAMES  # noqa: E402
 from weave_sim.profile import load_profile  # noqa: E402
-from weave_sim.validate import _layer_from_result, kernel_options, profile_for_result, sim_policy  # noqa: E402
+from weave_sim.validate import _layer_from_result, bench_results, kernel_options, profile_for_result, sim_policy  # noqa: E402
 
 
 def compare(bench_path: str, trace_path: str, profile, policy: str) -> dict:
     doc = json.loads(Path(bench_path).read_text())
-    r = (doc["results"] if isinstance(doc, dict) else doc)[0]
+    r = (bench_results(doc) if isinstance(doc, dict) else doc)[0]
     prof = profile_for_result(r, profile)
     res = simulate_layer(_layer_from_result(r), prof, sim_policy(policy, r), seed=0, record_timeline=True,
                          **kernel_options(r))

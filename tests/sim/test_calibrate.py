@@ -59,7 +59,7 @@ def test_fit_recovers_a_known_profile(tmp_path):
     from weave_sim.placement import contiguous
     from weave_sim.presets import ModelPreset
     from weave_sim.profile import profile_from_dict
-    from weave_sim.validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
+    from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
     from weave_sim.workload import layer_workload, pairs_dispatched
 
     truth = profile_from_dict(scaled_profile(load_profile().raw, 0.6, 0.5, 30.0))
@@ -69,7 +69,7 @@ def test_fit_recovers_a_known_profile(tmp_path):
         ids = np.argsort(np.random.default_rng(seed).random((2 * n, 8)), axis=1)[:, :2]
         w = pairs_dispatched(layer_workload(ids, model, contiguous(8, 2)))  # pair-based, as the kernel's counts
         lat = {p: simulate_layer(w, truth, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in ("static:4", "static:24")}
-        results.append({"kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": n, "gpus": 2, "experts": 8, "top_k": 2, "hidden": h,
+        results.append({"kernel_layout": KERNEL_LAYOUT, "kernel_deciders": KERNEL_DECIDERS, "model": "m", "tokens_per_gpu": n, "gpus": 2, "experts": 8, "top_k": 2, "hidden": h,
                         "inter": i, "latency_ms": lat,
                         "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(),
                                    "dispatch_rows": w.dispatch_rows.tolist(), "tokens_per_gpu": [n, n]}})

@@ -8,7 +8,7 @@ from weave_sim.engine import simulate_layer
 from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.profile import load_profile
-from weave_sim.validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy, validate_file
+from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy, validate_file
 from weave_sim.workload import layer_workload, pairs_dispatched
 
 PROFILE = load_profile()
@@ -23,7 +23,7 @@ def bench_file(tmp_path, factors):
     lat = {"reference": 9.0}
     for pol, f in factors.items():
         lat[pol] = simulate_layer(w, PROFILE, sim_policy(pol), **KERNEL_OPTIONS).latency_ns / 1e6 * f
-    res = {"kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": 512, "gpus": 2, "experts": 8, "top_k": 2, "hidden": 1024, "inter": 512,
+    res = {"kernel_layout": KERNEL_LAYOUT, "kernel_deciders": KERNEL_DECIDERS, "model": "m", "tokens_per_gpu": 512, "gpus": 2, "experts": 8, "top_k": 2, "hidden": 1024, "inter": 512,
            "latency_ms": lat, "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(),
                                          "dispatch_rows": w.dispatch_rows.tolist(),
                                          "tokens_per_gpu": w.tokens_per_gpu.tolist()}}

@@ -26,6 +26,9 @@ POWER_ITERATIONS = 6     # simulations per layer at most under a power model
 POWER_TOLERANCE = 0.004  # clock fraction: stop once no GPU's clock moves more
 
 
+KERNEL_DECIDERS = ("table", "all")
+
+
 @dataclass(frozen=True)
 class SimOptions:
     """Knobs of one simulation.
@@ -43,6 +46,9 @@ class SimOptions:
     expert_pad_rows: None, or (row blocks cut over an expert's rows from all sources, as the megakernel packs
         them now) charge each GEMM tile its rows rounded up to this many. Excludes segment_pad_rows.
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
+    kernel_deciders: which SMs make weave's in-kernel decision under `kernel:weave*` (policies/kernel.py):
+        'table' (the megakernel since 9caebac: the SMs below the cost table's max_comm_sms, one under a fixed C;
+        the others start at once) or 'all' (the kernels before it: every SM decides, and waits for it).
     """
 
     seed: int = 0
@@ -56,6 +62,7 @@ class SimOptions:
     segment_pad_rows: int | None = None
     expert_pad_rows: int | None = None
     record_timeline: bool = False
+    kernel_deciders: str = "table"
 
     def __post_init__(self) -> None:
         from .dag import DISPATCH_ORDERS
@@ -73,6 +80,8 @@ class SimOptions:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
         if self.dispatch_order not in DISPATCH_ORDERS:
             raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {self.dispatch_order!r}")
+        if self.kernel_deciders not in KERNEL_DECIDERS:
+            raise ValueError(f"kernel_deciders must be one of {KERNEL_DECIDERS}, got {self.kernel_deciders!r}")
         if self.fairness not in FAIRNESS:
             raise ValueError(f"fairness must be one of {FAIRNESS}, got {self.fairness!r}")
 

@@ -8,7 +8,8 @@ The megakernel differs from the idealised policies in ways that change its timel
   cost table as `weave` (or the split a measured `weave` run recorded, one C per GPU; or a fixed C, or one
   fixed C per GPU), the combine in the epilogue as above, and comm CTAs stealing GEMM tiles after dispatch.
   The decision is made after the count exchange by the CTAs below the table's max_comm_sms under `weave`
-  (the others start at once), by CTA 0 alone under a fixed C;
+  (the others start at once), by CTA 0 alone under a fixed C; with the option kernel_deciders='all' (kernels
+  before 9caebac) by every CTA, which all wait for it;
 - `kernel:weave-nosteal` (`@c0,c1,..`, `:C`): the same split, comm CTAs idle after dispatch (no stealing).
 Row blocks per (expert, source) segment and pair-based dispatch are properties of the workload given to the
 engine (a validation run rebuilds it from the counts the kernel exchanged), not of this policy.
@@ -53,8 +54,9 @@ def plan(ctx, spec: str) -> Plan:
             comm = tuple(int(c) for c in costmodel.choose(vol, ctx.profile).num_comm_sms[0])
         N = ctx.profile.num_sms
         deciders = 1 if arg else min(table_for(ctx.profile).max_comm_sms, N)  # fixed C: CTA 0, for the record
+        every_sm = ctx.options.kernel_deciders == "all"  # () = charged in the count exchange, every SM waits
         return Plan(f"kernel:{spec}", comm, chunks, steal=name == "weave", combine_in_epilogue=True,
-                    decision_ns=ctx.profile.fixed_ns["decision"], decision_sms=(deciders,) * G)
+                    decision_ns=ctx.profile.fixed_ns["decision"], decision_sms=() if every_sm else (deciders,) * G)
     raise ValueError(f"kernel:{spec}: expected kernel:sequential, kernel:static:C, kernel:weave, kernel:weave:C, "
                      "kernel:weave@c0,c1,.. or kernel:weave-nosteal")
 
