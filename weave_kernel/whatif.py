@@ -21,6 +21,9 @@ Variants (--variant):
   nosteal   weave's split without bubble stealing (policy weave-nosteal, built): the comm CTAs idle after their
             dispatch. A gain above 1 says the simulator expects stealing to cost; its profiles have no stealing
             slowdown at the power cap beyond what a power model's clock gives (docs/kernel.md).
+  queue     the dispatch pieces claimed from an atomic ticket by whichever comm CTA is free (one task claim each)
+            instead of dealt round-robin (CTA i of C pushes pieces i, i + C, ...): what a balanced dispatch is
+            worth where pieces are uneven (engine option piece_deal).
   decide:NS weave's choice costing NS ns (the profiles say 600, the megakernel takes about 8000): "as built" here is
             the kernel before 9caebac, where every SM waited for it; "changed" the kernel since, where only the
             SMs below the cost table's max_comm_sms make it and the others start at once (docs/kernel.md, "The
@@ -95,7 +98,7 @@ def with_decision(profile, ns: float):
 
 
 def parse_variant(text: str) -> tuple[str, float]:
-    if text in ("dedup", "nosteal"):
+    if text in ("dedup", "nosteal", "queue"):
         return text, 1.0
     if text.startswith("pad:"):
         r = text.split(":", 1)[1]
@@ -110,7 +113,7 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = 0.0
             if s > 0:
                 return kind, s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'queue', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
                      "(e.g. gemm:1.2), 'decide:NS' with NS > 0, or 'pad:R'")
 
 
@@ -165,6 +168,10 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
     elif kind == "nosteal":
         changed, changed_opts, changed_profile = as_built, opts, profile
+    elif kind == "queue":
+        if opts.get("dispatch_order") != "piece":
+            raise ValueError(f"queue models the kernel's dispatch pieces; this result ran {opts}")
+        changed, changed_opts, changed_profile = as_built, {**opts, "piece_deal": "queue"}, profile
     elif kind == "decide":
         profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs:
         opts = {**opts, "kernel_deciders": "all"}  # every SM (before 9caebac) against the deciding SMs only
@@ -193,7 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
-                    help="dedup, nosteal (weave's split without stealing), gemm:S (tiles S times faster), push:S (comm "
+                    help="dedup, nosteal (weave's split without stealing), queue (dispatch pieces from a ticket, not "
+                         "round-robin), gemm:S (tiles S times faster), push:S (comm "
                          "CTAs S times faster), energy:S (energy per FLOP x S; power profiles), pad:R (a block's MMAs "
                          "cost its rows rounded up to R) or decide:NS (every SM waiting for an NS-ns choice, before "
                          "9caebac, vs the deciding SMs only)")
@@ -211,6 +219,7 @@ def main(argv=None) -> int:
     cfg = data.get("config", {})
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
+            "queue": "dispatch pieces claimed from a ticket",
             "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
             "pad": f"MMAs of rows rounded up to {int(factor)}",

@@ -5,7 +5,7 @@ import numpy as np
 
 from weave_kernel.recount import counts_for
 from weave_kernel.routing import skewed_routing
-from weave_kernel.whatif import distinct_dispatch_rows, whatif_result
+from weave_kernel.whatif import distinct_dispatch_rows, result_workload, whatif_result
 from weave_sim.placement import contiguous
 from weave_sim.profile import load_profile
 
@@ -169,3 +169,21 @@ def test_whatif_decide_moves_only_weave_and_only_forward():
         assert out["as_built"]["kernel:weave"] >= out["changed"]["kernel:weave"]
     assert (big["as_built"]["kernel:weave"] - big["changed"]["kernel:weave"]
             > small["as_built"]["kernel:weave"] - small["changed"]["kernel:weave"])
+
+
+def test_whatif_queue_deals_pieces_from_a_ticket_on_the_kernel_layout_only():
+    import pytest
+
+    from weave_kernel.whatif import parse_variant
+    from weave_sim.engine import simulate_layer
+    from weave_sim.validate import kernel_options
+
+    assert parse_variant("queue") == ("queue", 1.0)
+    r = _result(top_k=4, tokens=512)
+    prof = load_profile("h200-megakernel")
+    out = whatif_result(r, prof, CFG, variant="queue")
+    w = result_workload(r)
+    want = simulate_layer(w, prof, "kernel:static:20", piece_deal="queue", **kernel_options(r)).latency_ns / 1e6
+    assert out["changed"]["kernel:static:20"] == pytest.approx(want)
+    with pytest.raises(ValueError, match="queue models"):
+        whatif_result({**r, "kernel_layout": "segment-padded"}, prof, CFG, variant="queue")

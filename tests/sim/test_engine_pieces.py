@@ -101,3 +101,39 @@ def test_pieces_go_to_the_dispatching_ctas_round_robin(policy, C):
             assert (r.start_ns[ids[C:]] >= r.end_ns[ids[:-C]]).all()
         else:  # every SM dispatches (sequential): no piece waits for another
             assert r.start_ns[ids].min() == r.start_ns[ids].max()
+
+
+def test_pieces_from_a_queue_go_to_whichever_comm_sm_is_free():
+    """piece_deal='queue' drops the round-robin chains: no comm SM idles while a piece waits, so on uneven pieces
+    and few comm CTAs the dispatch ends no later than dealt round-robin (beyond its claim costs), and each piece
+    pays one task claim more."""
+    from weave_sim.engine.dag import build_graph
+    from weave_sim.engine.plan import Plan
+
+    w = pair_workload(2, 900, 11, skew=4.0)
+    plan = Plan("kernel:static:3", (3, 3), (1, 1), combine_in_epilogue=True)
+    kw = dict(dispatch_order="piece", expert_pad_rows=128)
+    rr, q = (build_graph(w, PROFILE, plan, piece_deal=d, **kw) for d in ("round-robin", "queue"))
+    disp = rr.kind == K_DISPATCH
+    claim = PROFILE.fixed_ns["task_claim"]
+    assert (q.work_ns[disp] >= rr.work_ns[disp]).all() and q.work_ns[disp].sum() > rr.work_ns[disp].sum()
+    assert q.work_ns[disp].sum() - rr.work_ns[disp].sum() <= claim * disp.sum() + disp.sum()  # rounding
+    res = {d: simulate_layer(w, PROFILE, "kernel:static:3", record_timeline=True, piece_deal=d, **kw)
+           for d in ("round-robin", "queue")}
+    end = {d: r.end_ns[r.graph.kind == K_DISPATCH].max() for d, r in res.items()}
+    assert end["queue"] <= end["round-robin"] + claim * disp.sum()
+    with pytest.raises(ValueError, match="piece_deal"):
+        simulate_layer(w, PROFILE, "kernel:static:3", piece_deal="lifo", **kw)
+
+
+def test_round_robin_graphs_are_not_shared_between_comm_counts():
+    """A context that simulates several C (oracle) must not reuse the round-robin chains built for another C."""
+    from weave_sim.engine.policies import kernel as kernel_policy
+    from weave_sim.engine.run import SimContext, SimOptions
+
+    w = pair_workload(2, 900, 11, skew=4.0)
+    ctx = SimContext(w, PROFILE, SimOptions(**KERNEL_OPTIONS))
+    first = ctx.simulate(kernel_policy.plan(ctx, "static:3")).latency_ns
+    again = ctx.simulate(kernel_policy.plan(ctx, "static:9")).latency_ns
+    assert again == simulate_layer(w, PROFILE, "kernel:static:9", **KERNEL_OPTIONS).latency_ns
+    assert first == simulate_layer(w, PROFILE, "kernel:static:3", **KERNEL_OPTIONS).latency_ns

@@ -227,7 +227,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
                 segment_pad_rows: int | None = None, expert_pad_rows: int | None = None,
-                gemm_clock=None) -> TaskGraph:
+                piece_deal: str = "round-robin", gemm_clock=None) -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
     gemm_clock: None, or per GPU the SM clock as a fraction of the one the profile's GEMM rates hold at
@@ -236,6 +236,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     all sources, each charged its rows).
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
     dispatch_order: order of rows in each dispatch stream, one of DISPATCH_ORDERS.
+    piece_deal: with 'piece' order, 'round-robin' (the kernel's) or 'queue' (SimOptions).
     """
     G, N = w.num_gpus, profile.num_sms
     H, I = w.model.hidden_size, w.model.expert_ffn_size
@@ -287,6 +288,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     if segment_pad_rows is not None or expert_pad_rows is not None:
         pieces = _dispatch_pieces(w, ring, tile_rows, segment_pad_rows)
         per_piece = fx.get("dispatch_piece", fx["signal"])
+        if dispatch_order == "piece" and piece_deal == "queue":
+            per_piece += fx["task_claim"]  # each piece claimed from a ticket
         piece_ns = np.round(per_piece * pieces.ravel() / np.maximum(nch, 1)).astype(np.int64)[st_own]
     else:
         piece_ns = 0
@@ -294,7 +297,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                  prio=st_idx * G + (st_dst - st_src) % G)
     b.edges(known[st_src], disp)
     stream_base = base + (disp[0] if disp.size else 0)
-    if dispatch_order == "piece" and disp.size:
+    if dispatch_order == "piece" and disp.size and piece_deal == "round-robin":
         # The kernel hands its pieces to its dispatching CTAs round-robin, not from a queue: piece i of source s
         # (destinations s+1, s+2, ..., then expert, then row block) is pushed by CTA i mod C after piece i - C.
         for a in range(G):

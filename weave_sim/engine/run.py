@@ -27,6 +27,7 @@ POWER_TOLERANCE = 0.004  # clock fraction: stop once no GPU's clock moves more
 
 
 KERNEL_DECIDERS = ("table", "all")
+PIECE_DEALS = ("round-robin", "queue")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class SimOptions:
     expert_pad_rows: None, or (row blocks cut over an expert's rows from all sources, as the megakernel packs
         them now) charge each GEMM tile its rows rounded up to this many. Excludes segment_pad_rows.
     record_timeline: keep NVLink rate samples for the Chrome trace counters.
+    piece_deal: with dispatch_order 'piece', how the comm SMs get the pieces: 'round-robin' (the megakernel: comm
+        SM i of C pushes pieces i, i + C, ... one after another) or 'queue' (whichever comm SM is free takes the
+        next piece, as from an atomic ticket).
     kernel_deciders: which SMs make weave's in-kernel decision under `kernel:weave*` (policies/kernel.py):
         'table' (the megakernel since 9caebac: the SMs below the cost table's max_comm_sms, one under a fixed C;
         the others start at once) or 'all' (the kernels before it: every SM decides, and waits for it).
@@ -63,6 +67,7 @@ class SimOptions:
     expert_pad_rows: int | None = None
     record_timeline: bool = False
     kernel_deciders: str = "table"
+    piece_deal: str = "round-robin"
 
     def __post_init__(self) -> None:
         from .dag import DISPATCH_ORDERS
@@ -80,6 +85,8 @@ class SimOptions:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
         if self.dispatch_order not in DISPATCH_ORDERS:
             raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {self.dispatch_order!r}")
+        if self.piece_deal not in PIECE_DEALS:
+            raise ValueError(f"piece_deal must be one of {PIECE_DEALS}, got {self.piece_deal!r}")
         if self.kernel_deciders not in KERNEL_DECIDERS:
             raise ValueError(f"kernel_deciders must be one of {KERNEL_DECIDERS}, got {self.kernel_deciders!r}")
         if self.fairness not in FAIRNESS:
@@ -101,13 +108,15 @@ class SimContext:
     def graph(self, plan: Plan, clock=None):
         ck = None if clock is None else tuple(np.round(clock, 4))
         key = (plan.num_chunks, plan.sequential, plan.decision_ns, bool(plan.decision_sms), plan.fused, ck)
+        if self.options.dispatch_order == "piece" and self.options.piece_deal == "round-robin":
+            key += (plan.num_comm_sms,)  # the pieces' chains depend on C (oracle simulates several C in one context)
         if key not in self._graphs:
             o = self.options
             self._graphs[key] = build_graph(self.workload, self.profile, plan, tile_rows=o.tile_rows,
                                             tile_cols=o.tile_cols, comm_chunk_rows=o.comm_chunk_rows,
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
                                             dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows,
-                                            expert_pad_rows=o.expert_pad_rows,
+                                            expert_pad_rows=o.expert_pad_rows, piece_deal=o.piece_deal,
                                             gemm_clock=None if ck is None else np.array(ck))
         return self._graphs[key]
 
