@@ -24,7 +24,8 @@ Variants (--variant):
   queue     the dispatch pieces claimed from an atomic ticket by whichever comm CTA is free (one task claim each)
             instead of dealt round-robin (CTA i of C pushes pieces i, i + C, ...): what a balanced dispatch is
             worth where pieces are uneven (engine option piece_deal).
-  decide:NS weave's choice costing NS ns (the profiles say 600, the megakernel takes about 8000): "as built" here is
+  decide:NS weave's choice costing NS ns (the EP=2 profiles say 7808, measured from the kernel's choose records;
+            600 before, the paper's figure): "as built" here is
             the kernel before 9caebac, where every SM waited for it; "changed" the kernel since, where only the
             SMs below the cost table's max_comm_sms make it and the others start at once (docs/kernel.md, "The
             choice off the critical path"). static:20 makes no choice (the same on both sides).

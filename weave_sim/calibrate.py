@@ -233,12 +233,15 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal"), ("decision_ns", "decision")):
         if key in m:
             prof["fixed_ns"][slot] = int(round(float(m[key])))
-            measured.append(slot)
+            measured.append(slot if slot != "decision" or "decision_from" not in m
+                            else f"decision (median of {m['decision_from']['records']} choose records in weave traces)")
     prof["source"] = (
         f"Measured on {m['gpu_name']} (driver {m.get('driver', '?')}) on {m['date']} at commit "
         f"{m.get('commit', '?')}: {', '.join(measured)}; other fields from base profile {base}."
     )
     prof["calibration"] = {"base": base, "measured": measured}
+    if "decision_from" in m:
+        prof["calibration"]["decision_from"] = m["decision_from"]
     profile_from_dict(prof, origin="calibrated profile")  # validates
     return prof
 
@@ -270,6 +273,12 @@ def decision_from_traces(paths) -> dict:
         raise CalibrationError("decision: choose records with negative or non-finite durations")
     return {"ns": round(float(np.median(durs)), 1), "records": len(durs), "median_ns_by_trace": by_trace,
             "traces": paths}
+
+
+def with_decision(measurements: dict, traces) -> dict:
+    """Measurements with decision_ns (and its provenance, decision_from) taken from Chrome traces of weave calls."""
+    dec = decision_from_traces(traces)
+    return {**measurements, "decision_ns": dec["ns"], "decision_from": dec}
 
 
 def _weave_policies(policies) -> list[str]:
@@ -376,8 +385,7 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
     if not power:
         m = {k: v for k, v in m.items() if k != "power"}
     if decision_traces:
-        dec = decision_from_traces(decision_traces)
-        m = {**m, "decision_ns": dec["ns"], "decision_from": dec}
+        m = with_decision(m, decision_traces)
     kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read_measurements(k_fixed_path))
     prof = build_profile(m, base=base, name=name, concurrency=concurrency, k_fixed_from=kf)
     if not power:
@@ -386,8 +394,6 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
         prof["power"].pop("w_per_tbs", None)
     if params_from is not None:
         prof = apply_fit(prof, params_from)
-    if "decision_from" in m:
-        prof["calibration"]["decision_from"] = m["decision_from"]
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(prof, indent=1))
     return prof

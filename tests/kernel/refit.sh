@@ -8,6 +8,8 @@
 # assumes) + -power-TAG.json (the power model without its board-dependent HBM term; with the tiles' fixed cost by K when
 # the calibration measured it, gemm_by_k), validate_*/, tables, gap_TAG.txt; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
+# With traces of weave in DIR (final_run.sh run traces / traces_fitted: trace_*weave_*.json) the profiles charge weave's
+# choice what their choose records measured (weave-sim calibrate --decision); else the base profile's figure.
 # About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
 set -euo pipefail
 DIR=${1:?results folder}; TAG=${2:?tag}; POWER=${3:-}
@@ -15,8 +17,11 @@ O=$DIR/refit; mkdir -p $O
 A=$DIR/bench_A_$TAG.json; B=$DIR/bench_B_$TAG.json
 [ -f "$A" ] && [ -f "$B" ] || { echo "need $A and $B"; exit 2; }
 BASE=h200-calibrated
+DEC=()
+TRACES=$(ls $DIR/trace_*weave_*.json 2>/dev/null || true)
+[ -n "$TRACES" ] && DEC=(--decision $TRACES)
 if [ -f "$DIR/calib_$TAG.json" ]; then
-  weave-sim calibrate "$DIR/calib_$TAG.json" --base h200 --name h200-calibrated-$TAG -o $O/h200-calibrated-$TAG.json
+  weave-sim calibrate "$DIR/calib_$TAG.json" --base h200 --name h200-calibrated-$TAG "${DEC[@]}" -o $O/h200-calibrated-$TAG.json
   BASE=$O/h200-calibrated-$TAG.json
   if [ -z "$POWER" ] && python3 -c "import json,sys; sys.exit(0 if 'power' in json.load(open('$DIR/calib_$TAG.json')) else 1)"; then
     POWER=$DIR/calib_$TAG.json
@@ -24,7 +29,7 @@ if [ -f "$DIR/calib_$TAG.json" ]; then
 fi
 POL=sequential,static:4,static:8,static:20,static:48
 weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --no-power --policies $POL --name h200-megakernel-$TAG \
-  -o $O/h200-megakernel-$TAG.json | tail -2
+  "${DEC[@]}" -o $O/h200-megakernel-$TAG.json | tail -2
 weave-sim validate $B --profile $O/h200-megakernel-$TAG.json --out $O/validate_$TAG | grep -E "^summary|^warning"
 # the power-model fit also charges each tile's fixed cost (gemm.k_fixed) when the calibration timed tiles at several K
 KFIX=()
@@ -33,7 +38,7 @@ if [ -f "$DIR/calib_$TAG.json" ] && python3 -c "import json,sys; sys.exit(0 if '
 fi
 if [ -n "$POWER" ]; then
   weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --no-hbm-power --policies $POL \
-    "${KFIX[@]}" --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
+    "${KFIX[@]}" "${DEC[@]}" --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
   weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
 fi
 if [ -f "$DIR/calib_bulk_$TAG.json" ]; then

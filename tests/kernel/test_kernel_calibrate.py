@@ -145,13 +145,18 @@ def test_commit_comes_from_the_environment_first(monkeypatch):
     assert cal.git_commit() != "abc123"
 
 
-def test_shipped_calibrated_profile_comes_from_the_committed_measurements():
-    """weave_sim/profiles/h200-calibrated.json = weave-sim calibrate docs/results/calib_2xh200_ws.json --base h200."""
+def test_shipped_calibrated_profile_comes_from_the_committed_measurements(monkeypatch):
+    """weave_sim/profiles/h200-calibrated.json = weave-sim calibrate docs/results/calib_2xh200_ws.json --base h200
+    --decision TRACES (the weave traces its calibration.decision_from names, relative to the repository)."""
+    from weave_sim.calibrate import with_decision
     from weave_sim.profile import load_profile
 
+    monkeypatch.chdir(ROOT)
     m = json.loads((ROOT / "docs" / "results" / "calib_2xh200_ws.json").read_text())
     assert m["world"] == 2 and not m["failed_checks"] and m["commit"] != "unknown"
-    assert build_profile(m, base="h200", name="h200-calibrated") == load_profile("h200-calibrated").raw
+    shipped = load_profile("h200-calibrated").raw
+    m = with_decision(m, shipped["calibration"]["decision_from"]["traces"])
+    assert build_profile(m, base="h200", name="h200-calibrated") == shipped
     assert "nvlink_push" not in json.loads((ROOT / "docs" / "results" / "calib_1xh200_quick.json").read_text())
 
 

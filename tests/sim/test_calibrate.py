@@ -136,8 +136,11 @@ def test_applied_fit_reproduces_the_shipped_fit(tmp_path, fitted):
     k_fixed mirrored from the fit)."""
     from pathlib import Path
 
-    meas = Path(__file__).resolve().parents[2] / "docs" / "results" / "ep2" / "calib_2xh200_ep2.json"
-    prof = calibrate_file(meas, tmp_path / "p.json", base="h200", name="applied", params_from=fitted)
+    root = Path(__file__).resolve().parents[2]
+    meas = root / "docs" / "results" / "ep2" / "calib_2xh200_ep2.json"
+    traces = [root / t for t in load_profile(fitted).raw["calibration"]["decision_from"]["traces"]]
+    prof = calibrate_file(meas, tmp_path / "p.json", base="h200", name="applied", params_from=fitted,
+                          decision_traces=traces)
     want = _numbers({k: v for k, v in load_profile(fitted).raw.items() if k != "calibration"})
     got = _numbers({k: v for k, v in prof.items() if k != "calibration"})
     assert got.keys() == want.keys()

@@ -81,7 +81,7 @@ def test_measurements_and_amend_set_the_decision(tmp_path):
     m.write_text(json.dumps(MEAS))
     prof = calibrate_file(m, tmp_path / "p.json", decision_traces=[tr])
     assert prof["fixed_ns"]["decision"] == 8000 and prof["calibration"]["decision_from"]["records"] == 3
-    assert "decision" in prof["calibration"]["measured"]
+    assert any(x.startswith("decision") for x in prof["calibration"]["measured"])
     shipped = load_profile("h200-megakernel-ep2")
     out = amend_decision("h200-megakernel-ep2", [tr], tmp_path / "a.json")
     assert out["fixed_ns"]["decision"] == 8000 and out["version"] == shipped.version + "+decision"

@@ -278,16 +278,18 @@ def test_per_layer_results_are_labelled_by_their_layer(tmp_path, capsys):
     assert [c["layer"] for c in json.loads((tmp_path / "validate.json").read_text())["configs"]] == [3, 11]
 
 
-def test_shipped_ep2_refits_of_the_current_kernel():
+def test_shipped_ep2_refits_of_the_current_kernel(monkeypatch):
     """h200-calibrated-ep2 is what weave-sim calibrate makes of the committed 2x H200 measurements, and the two
     fits on it (fixed clock; power model without its HBM term) name run A of the same kernel and EP=2."""
     from pathlib import Path
 
-    from weave_sim.calibrate import build_profile
+    from weave_sim.calibrate import build_profile, with_decision
 
     root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the decision traces are named relative to the repository
     meas = json.loads((root / "docs/results/ep2/calib_2xh200_ep2.json").read_text())
     calibrated = load_profile("h200-calibrated-ep2").raw
+    meas = with_decision(meas, calibrated["calibration"]["decision_from"]["traces"])
     assert build_profile(meas, base="h200", name="h200-calibrated-ep2") == calibrated
     for name, power in (("h200-megakernel-ep2", False), ("h200-megakernel-power-ep2", True)):
         prof = load_profile(name).raw
