@@ -246,27 +246,48 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     return prof
 
 
-def decision_from_traces(paths) -> dict:
-    """The cost of weave's in-kernel choice from Chrome traces of `weave` calls (bench --trace ... --trace-policy
-    weave; the simulator writes the same records): the median duration of every `choose` record, i.e. of one
-    deciding SM from the end of its count exchange to its choice. Returns {"ns", "records", "median_ns_by_trace",
-    "traces"}; a CalibrationError when a trace cannot be read or none holds a choose record (a static policy's
-    trace, or a kernel built before the choice was recorded)."""
+def _trace_sources(path: str):
+    """(name, events or None) for a Chrome trace file, or for each JSON member of a tar archive (.tgz, .tar.gz,
+    .tar: e.g. the results_TAG.tgz a device run brings back); None for JSON that is not a Chrome trace."""
     from .timeline_stats import load_events
 
+    if path.endswith((".tgz", ".tar.gz", ".tar")):
+        import tarfile
+
+        try:
+            with tarfile.open(path) as tar:
+                for member in sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")),
+                                     key=lambda m: m.name):
+                    try:
+                        doc = json.loads(tar.extractfile(member).read())
+                        yield f"{Path(path).name}:{Path(member.name).name}", load_events(doc)
+                    except (ValueError, AttributeError):
+                        yield member.name, None
+        except (OSError, tarfile.TarError) as exc:
+            raise CalibrationError(f"decision: cannot read archive {path}: {exc}") from None
+        return
+    try:
+        yield Path(path).name, load_events(path)
+    except ValueError as exc:
+        raise CalibrationError(f"decision: {exc}") from None
+
+
+def decision_from_traces(paths) -> dict:
+    """The cost of weave's in-kernel choice from Chrome traces of `weave` calls (bench --trace ... --trace-policy
+    weave; the simulator writes the same records), given as files or tar archives of them: the median duration of
+    every `choose` record, i.e. of one deciding SM from the end of its count exchange to its choice. Returns {"ns",
+    "records", "median_ns_by_trace", "traces"}; a CalibrationError when a file cannot be read or no trace holds a
+    choose record (a static policy's trace, or a kernel built before the choice was recorded)."""
     paths = [str(p) for p in paths]
     if not paths:
         raise CalibrationError("decision: give at least one Chrome trace of a weave call")
     durs, by_trace = [], {}
     for path in paths:
-        try:
-            events = load_events(path)
-        except ValueError as exc:
-            raise CalibrationError(f"decision: {exc}") from None
-        d = [float(e.get("dur", 0.0)) * 1e3 for e in events if e.get("name") == "choose"]
-        if d:
-            by_trace[Path(path).name] = round(float(np.median(d)), 1)
-            durs += d
+        for name, events in _trace_sources(path):
+            d = [float(e.get("dur", 0.0)) * 1e3 for e in events or () if e.get("name") == "choose"]
+            if d:
+                by_trace[name] = round(float(np.median(d)), 1)
+                durs += d
     if not durs:
         raise CalibrationError(f"decision: no 'choose' records in {', '.join(paths)} (traces of weave calls needed)")
     if not all(np.isfinite(durs)) or min(durs) < 0:

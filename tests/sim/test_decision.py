@@ -119,3 +119,35 @@ def test_results_name_their_deciders():
     dated = {"kernel_sources": {"main": sorted(TABLE_DECIDER_SOURCES)[0]}, "results": [r, {**r, "kernel_deciders": "all"}]}
     assert [x["kernel_deciders"] for x in bench_results(dated)] == ["table", "all"]
     assert [x["kernel_deciders"] for x in bench_results({"results": [r]})] == ["all"]
+
+
+def test_decision_from_a_results_archive(tmp_path):
+    """A device run's results_TAG.tgz: every JSON member with choose records counts, other JSON is skipped."""
+    import tarfile
+
+    _kernel_trace(tmp_path / "trace_a.json", [6.0, 8.0])
+    _kernel_trace(tmp_path / "trace_b.json", [10.0])
+    (tmp_path / "bench.json").write_text(json.dumps({"results": []}))
+    (tmp_path / "broken.json").write_text("{not json")
+    archive = tmp_path / "results_t.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in ("trace_a.json", "trace_b.json", "bench.json", "broken.json"):
+            tar.add(tmp_path / name, arcname=f"./{name}")
+    dec = decision_from_traces([archive])
+    assert dec["ns"] == 8000 and dec["records"] == 3
+    assert sorted(dec["median_ns_by_trace"]) == ["results_t.tgz:trace_a.json", "results_t.tgz:trace_b.json"]
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(b"not an archive")
+    with pytest.raises(CalibrationError, match="cannot read archive"):
+        decision_from_traces([bad])
+
+
+def test_shipped_ep1_profiles_charge_their_traces_decision():
+    """The EP=1 refits name the archive of EP=1 weave traces they took the decision cost from, and it gives it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("h200-megakernel-ep1", "h200-megakernel-power-ep1"):
+        raw = load_profile(name).raw
+        src = raw["calibration"]["decision_from"]
+        assert decision_from_traces([root / t for t in src["traces"]])["ns"] == src["ns"] == raw["fixed_ns"]["decision"]
