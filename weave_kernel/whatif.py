@@ -24,6 +24,9 @@ Variants (--variant):
   queue     the dispatch pieces claimed from an atomic ticket by whichever comm CTA is free (one task claim each)
             instead of dealt round-robin (CTA i of C pushes pieces i, i + C, ...): what a balanced dispatch is
             worth where pieces are uneven (engine option piece_deal).
+  piece:NS  every dispatch piece's fixed cost (fence, flag, the copy's start and drain) NS ns instead of the
+            profile's (fixed_ns.dispatch_piece, else signal): what a dispatch that hides it, e.g. by flagging a
+            piece while the next one is copied, would be worth. Measured: python -m weave_kernel.piece_cost.
   decide:NS weave's choice costing NS ns (the EP=2 profiles say 7808, measured from the kernel's choose records;
             600 before, the paper's figure): "as built" here is
             the kernel before 9caebac, where every SM waited for it; "changed" the kernel since, where only the
@@ -98,6 +101,13 @@ def with_decision(profile, ns: float):
     return profile_from_dict(raw, origin=f"{profile.name}, decision {int(round(ns))} ns")
 
 
+def with_piece_cost(profile, ns: float):
+    """`profile` with every dispatch piece's fixed cost (fixed_ns.dispatch_piece) ns."""
+    raw = json.loads(json.dumps(profile.raw))
+    raw["fixed_ns"]["dispatch_piece"] = int(round(ns))
+    return profile_from_dict(raw, origin=f"{profile.name}, {int(round(ns))} ns per dispatch piece")
+
+
 def parse_variant(text: str) -> tuple[str, float]:
     if text in ("dedup", "nosteal", "queue"):
         return text, 1.0
@@ -106,16 +116,16 @@ def parse_variant(text: str) -> tuple[str, float]:
         if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
             return "pad", float(r)
         raise ValueError(f"variant {text!r}: pad:R needs R dividing 128 (e.g. pad:64)")
-    for kind in ("gemm", "push", "energy", "decide"):
+    for kind in ("gemm", "push", "energy", "decide", "piece"):
         if text.startswith(kind + ":"):
             try:
                 s = float(text.split(":", 1)[1])
             except ValueError:
-                s = 0.0
-            if s > 0:
+                s = -1.0
+            if s > 0 or (kind == "piece" and s == 0):
                 return kind, s
     raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'queue', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
-                     "(e.g. gemm:1.2), 'decide:NS' with NS > 0, or 'pad:R'")
+                     "(e.g. gemm:1.2), 'decide:NS' with NS > 0, 'piece:NS' with NS >= 0, or 'pad:R'")
 
 
 def result_workload(result: dict, dispatch_rows=None):
@@ -177,6 +187,10 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs:
         opts = {**opts, "kernel_deciders": "all"}  # every SM (before 9caebac) against the deciding SMs only
         changed, changed_opts, changed_profile = as_built, {**opts, "kernel_deciders": "table"}, profile
+    elif kind == "piece":
+        if opts.get("dispatch_order") != "piece":
+            raise ValueError(f"piece:NS models the kernel's dispatch pieces; this result ran {opts}")
+        changed, changed_opts, changed_profile = as_built, opts, with_piece_cost(profile, speedup)
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
@@ -202,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="h200-megakernel")
     ap.add_argument("--variant", default="dedup",
                     help="dedup, nosteal (weave's split without stealing), queue (dispatch pieces from a ticket, not "
-                         "round-robin), gemm:S (tiles S times faster), push:S (comm "
+                         "round-robin), piece:NS (a dispatch piece's fixed cost NS ns), gemm:S (tiles S times faster), push:S (comm "
                          "CTAs S times faster), energy:S (energy per FLOP x S; power profiles), pad:R (a block's MMAs "
                          "cost its rows rounded up to R) or decide:NS (every SM waiting for an NS-ns choice, before "
                          "9caebac, vs the deciding SMs only)")
@@ -221,6 +235,7 @@ def main(argv=None) -> int:
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
             "queue": "dispatch pieces claimed from a ticket",
+            "piece": f"{int(factor)} ns per dispatch piece",
             "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
             "pad": f"MMAs of rows rounded up to {int(factor)}",

@@ -12,7 +12,8 @@ The GPU side (`python -m weave_kernel.calibrate`, run on the GPU machine) writes
                 "sm_mhz": float, "power_w": float}, ...],                     # with clock and board power,
                "hbm": {"tbs": float, "power_w": float, "sm_mhz": float}},     # and a sustained HBM copy
      "dispatch": "threads" | "bulk" | "bulk:W",                               # optional: the push points' copy code
-     "decision_ns": float, "decision_from": {...}}                            # optional: weave's in-kernel choice
+     "decision_ns": float, "decision_from": {...},                            # optional: weave's in-kernel choice
+     "dispatch_piece_ns": float, "dispatch_piece_from": {...}}                # optional: a dispatch piece's fixed cost
 
 `weave-sim calibrate MEASUREMENTS --base h200 -o PROFILE.json` keeps the base profile's fields that were
 not measured and records where every number came from (a push curve measured with bulk copies as
@@ -20,7 +21,9 @@ nvlink.dispatch; `--gemm-concurrency` adds gemm.scale_by_ctas from the GEMM poin
 tiles timed at several K: "gemm_by_k": [{"k", "ctas", "rows_per_expert", "tile_us"}, ...] with "gemm_k", the K of
 the "gemm" points). `--decision TRACE...` takes the cost of weave's in-kernel choice (fixed_ns.decision) from the
 `choose` records of measured Chrome traces of `weave` (decision_from_traces); `--amend PROFILE --decision TRACE...`
-sets it on an existing profile whose fit it cannot have changed (amend_decision).
+sets it on an existing profile whose fit it cannot have changed (amend_decision). `--piece-cost FILE` takes the
+fixed cost of one dispatch piece (fixed_ns.dispatch_piece) from `python -m weave_kernel.piece_cost --out FILE`, a
+fit of the dispatch records of measured traces.
 """
 from __future__ import annotations
 
@@ -230,7 +233,8 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     if "power" in m:
         prof["power"] = power_model(m["power"])
         measured.append(f"power (from {m['power']['from']})" if "from" in m["power"] else "power")
-    for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal"), ("decision_ns", "decision")):
+    for key, slot in (("task_claim_ns", "task_claim"), ("signal_ns", "signal"), ("decision_ns", "decision"),
+                      ("dispatch_piece_ns", "dispatch_piece")):
         if key in m:
             prof["fixed_ns"][slot] = int(round(float(m[key])))
             measured.append(slot if slot != "decision" or "decision_from" not in m
@@ -240,8 +244,9 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
         f"{m.get('commit', '?')}: {', '.join(measured)}; other fields from base profile {base}."
     )
     prof["calibration"] = {"base": base, "measured": measured}
-    if "decision_from" in m:
-        prof["calibration"]["decision_from"] = m["decision_from"]
+    for key in ("decision_from", "dispatch_piece_from"):
+        if key in m:
+            prof["calibration"][key] = m[key]
     profile_from_dict(prof, origin="calibrated profile")  # validates
     return prof
 
@@ -294,6 +299,22 @@ def decision_from_traces(paths) -> dict:
         raise CalibrationError("decision: choose records with negative or non-finite durations")
     return {"ns": round(float(np.median(durs)), 1), "records": len(durs), "median_ns_by_trace": by_trace,
             "traces": paths}
+
+
+def read_piece_cost(path) -> dict:
+    """The fixed cost of one dispatch piece from `python -m weave_kernel.piece_cost --out FILE`: {"ns", "from"}."""
+    d = read_measurements(path)
+    ns = d.get("dispatch_piece_ns")
+    if not isinstance(ns, (int, float)) or not ns >= 0:
+        raise CalibrationError(f"{path}: no dispatch_piece_ns >= 0 (write it with python -m weave_kernel.piece_cost --out)")
+    return {"ns": float(ns), "from": str(path), "traces": [t.get("trace") for t in d.get("traces", [])],
+            "cta_gbs": (d.get("all") or {}).get("cta_gbs")}
+
+
+def with_piece_cost(measurements: dict, path) -> dict:
+    """Measurements with dispatch_piece_ns (and its provenance) from a piece_cost file."""
+    pc = read_piece_cost(path)
+    return {**measurements, "dispatch_piece_ns": pc["ns"], "dispatch_piece_from": pc}
 
 
 def with_decision(measurements: dict, traces) -> dict:
@@ -385,7 +406,7 @@ def apply_fit(prof: dict, fitted: str | Path) -> dict:
 def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", name: str | None = None,
                    power_path: Path | None = None, power: bool = True, hbm_power: bool = True,
                    concurrency: bool = False, k_fixed_path: Path | str | None = None,
-                   params_from: str | Path | None = None, decision_traces=None) -> dict:
+                   params_from: str | Path | None = None, decision_traces=None, piece_cost=None) -> dict:
     """measurements -> profile JSON; k_fixed_path: gemm.k_fixed from this file's gemm_by_k ("-": from the
     measurements themselves); power_path: take the "power" block from that measurements file instead
     (e.g. measured on a one-GPU machine, where the main file needs two GPUs for nvlink_push); power=False: leave
@@ -393,7 +414,7 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
     differs from board to board (docs/power.md); concurrency: add gemm.scale_by_ctas (build_profile); params_from:
     a fitted profile whose in-layer factors are applied to the result (apply_fit); decision_traces: Chrome traces
     of weave calls whose choose records give fixed_ns.decision (decision_from_traces; else the measurements'
-    decision_ns, else the base's)."""
+    decision_ns, else the base's); piece_cost: a weave_kernel.piece_cost file for fixed_ns.dispatch_piece."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     m = read_measurements(measurements_path)
@@ -407,6 +428,8 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
         m = {k: v for k, v in m.items() if k != "power"}
     if decision_traces:
         m = with_decision(m, decision_traces)
+    if piece_cost is not None:
+        m = with_piece_cost(m, piece_cost)
     kf = None if k_fixed_path is None else (m if str(k_fixed_path) == "-" else read_measurements(k_fixed_path))
     prof = build_profile(m, base=base, name=name, concurrency=concurrency, k_fixed_from=kf)
     if not power:
@@ -541,7 +564,8 @@ def bench_kernel_sources(bench: dict) -> str | None:
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1,
-                concurrency_path: Path | None = None, k_fixed_path: Path | None = None, decision_traces=None) -> dict:
+                concurrency_path: Path | None = None, k_fixed_path: Path | None = None, decision_traces=None,
+                piece_cost=None) -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -555,7 +579,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     concurrency_path: a measurements file whose GEMM points give the base a gemm.scale_by_ctas
     (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it). k_fixed_path: a file with tiles timed at
     several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting. decision_traces:
-    Chrome traces of weave calls that give the base fixed_ns.decision (decision_from_traces) before fitting."""
+    Chrome traces of weave calls that give the base fixed_ns.decision (decision_from_traces) before fitting.
+    piece_cost: a weave_kernel.piece_cost file that gives the base fixed_ns.dispatch_piece before fitting."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -591,6 +616,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     decision = decision_from_traces(decision_traces) if decision_traces else None
     if decision is not None:
         base_raw["fixed_ns"]["decision"] = int(round(decision["ns"]))
+    piece = read_piece_cost(piece_cost) if piece_cost is not None else None
+    if piece is not None:
+        base_raw["fixed_ns"]["dispatch_piece"] = int(round(piece["ns"]))
     x = {"gemm_scale": 1.0, "push_scale": 1.0, "fixed_us": base_raw["fixed_ns"]["count_exchange"] / 1e3,
          "barrier_us": base_raw["fixed_ns"]["grid_barrier"] / 1e3}
     if "tile_ns" in params:
@@ -640,12 +668,15 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                          if "k_fixed" in base_raw["gemm"] else "")
                       + (", SM clock from the power model" if "power" in base_raw else "")
                       + (f", decision {base_raw['fixed_ns']['decision']} ns from {decision['records']} measured "
-                         "choose records" if decision is not None else "") + "; "
+                         "choose records" if decision is not None else "")
+                      + (f", {base_raw['fixed_ns']['dispatch_piece']} ns per dispatch piece from measured dispatch "
+                         "records" if piece is not None else "") + "; "
                       f"mean |log(predicted/measured)| {best:.4f} on the fitted points.")
     prof["calibration"] = {"base": base, "power_from": None if power_path is None else str(power_path),
                            **({} if concurrency_path is None else {"concurrency_from": str(concurrency_path)}),
                            **({} if k_fixed_path is None else {"k_fixed_from": str(k_fixed_path)}),
                            **({} if decision is None else {"decision_from": decision}),
+                           **({} if piece is None else {"dispatch_piece_from": piece}),
                            "fitted_to": str(bench_path), "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

@@ -149,7 +149,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import amend_decision, calibrate_file, fit_profile
 
     if args.amend is not None:
-        if args.measurements is not None or args.fit is not None or not args.decision:
+        if args.measurements is not None or args.fit is not None or not args.decision or args.piece_cost:
             raise ValueError("--amend PROFILE takes --decision TRACE... and neither a measurements file nor --fit")
         prof = amend_decision(args.amend, args.decision, args.output, name=args.name)
         print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: decision "
@@ -171,14 +171,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
                            workers=args.workers, concurrency_path=args.gemm_concurrency, k_fixed_path=args.gemm_k,
-                           decision_traces=args.decision, **kw)
+                           decision_traces=args.decision, piece_cost=args.piece_cost, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
                               power=not args.no_power, hbm_power=not args.no_hbm_power,
                               concurrency=args.gemm_concurrency is not None, k_fixed_path=args.gemm_k,
-                              params_from=args.params_from, decision_traces=args.decision)
+                              params_from=args.params_from, decision_traces=args.decision,
+                              piece_cost=args.piece_cost)
     print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}\n{prof['source']}")
     return 0
 
@@ -238,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decision", type=Path, nargs="+", default=None, metavar="TRACE",
                    help="the cost of weave's in-kernel choice (fixed_ns.decision): the median of the choose records "
                         "in these Chrome traces of weave calls (bench --trace ... --trace-policy weave)")
+    p.add_argument("--piece-cost", type=Path, default=None, metavar="FILE",
+                   help="the fixed cost of one dispatch piece (fixed_ns.dispatch_piece) from python -m "
+                        "weave_kernel.piece_cost --out FILE (a fit of measured traces' dispatch records)")
     p.add_argument("--amend", default=None, metavar="PROFILE",
                    help="with --decision only: this existing profile with the measured decision cost (refused for a "
                         "profile fitted to weave latencies, which must be refitted)")

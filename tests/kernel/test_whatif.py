@@ -187,3 +187,20 @@ def test_whatif_queue_deals_pieces_from_a_ticket_on_the_kernel_layout_only():
     assert out["changed"]["kernel:static:20"] == pytest.approx(want)
     with pytest.raises(ValueError, match="queue models"):
         whatif_result({**r, "kernel_layout": "segment-padded"}, prof, CFG, variant="queue")
+
+
+def test_whatif_piece_cost_never_slows_when_cheaper():
+    import pytest
+
+    from weave_kernel.whatif import parse_variant
+
+    assert parse_variant("piece:0") == ("piece", 0.0)
+    with pytest.raises(ValueError, match="piece:NS"):
+        parse_variant("piece:-5")
+    r = _result(top_k=4, tokens=512)
+    prof = load_profile("h200-megakernel")
+    out = whatif_result(r, prof, CFG, variant="piece:0")
+    for p in out["as_built"]:
+        assert out["changed"][p] <= out["as_built"][p]
+    dear = whatif_result(r, prof, CFG, variant="piece:50000")
+    assert dear["changed"]["kernel:static:20"] > dear["as_built"]["kernel:static:20"]

@@ -186,3 +186,17 @@ def test_cli_params_from(tmp_path, capsys):
     assert "not a fitted profile" in capsys.readouterr().err
     assert main(["calibrate", "--fit", str(m), "--params-from", "h200-megakernel-ep2", "-o", str(tmp_path / "r.json")]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_piece_cost_file_sets_the_dispatch_piece(tmp_path):
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(MEAS))
+    pc = tmp_path / "piece.json"
+    pc.write_text(json.dumps({"dispatch_piece_ns": 5476.2, "all": {"cta_gbs": [11.6]}, "traces": [{"trace": "t.json"}]}))
+    prof = calibrate_file(m, tmp_path / "p.json", piece_cost=pc)
+    assert prof["fixed_ns"]["dispatch_piece"] == 5476
+    assert prof["calibration"]["dispatch_piece_from"]["traces"] == ["t.json"]
+    assert "dispatch_piece" in prof["calibration"]["measured"]
+    pc.write_text(json.dumps({"traces": []}))
+    with pytest.raises(CalibrationError, match="dispatch_piece_ns"):
+        calibrate_file(m, tmp_path / "q.json", piece_cost=pc)
