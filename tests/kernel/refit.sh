@@ -9,7 +9,8 @@
 # the calibration measured it, gemm_by_k), validate_*/, tables, gap_TAG.txt; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
 # With traces of weave in DIR (final_run.sh run traces / traces_fitted: trace_*weave_*.json) the profiles charge weave's
-# choice what their choose records measured (weave-sim calibrate --decision); else the base profile's figure.
+# choice what their choose records measured (weave-sim calibrate --decision); else the base profile's figure. The
+# default-routing ones (trace_weave_*.json) also give a dispatch piece's fixed cost: refit/piece_cost_TAG.json.
 # About 10-20 min on the 2-core CPU machine (the fits are golden-section searches over simulated layers).
 set -euo pipefail
 DIR=${1:?results folder}; TAG=${2:?tag}; POWER=${3:-}
@@ -44,6 +45,11 @@ fi
 if [ -f "$DIR/calib_bulk_$TAG.json" ]; then
   weave-sim calibrate "$DIR/calib_bulk_$TAG.json" --base h200 --name h200-calibrated-bulk-$TAG \
     -o $O/h200-calibrated-bulk-$TAG.json | tail -1
+fi
+# a dispatch piece's fixed cost from the default-routing weave traces (docs/calibration.md; recorded, not fitted)
+PTR=$(ls $DIR/trace_weave_*.json 2>/dev/null || true)
+if [ -n "$PTR" ]; then
+  python3 -m weave_kernel.piece_cost $PTR --out $O/piece_cost_$TAG.json | tail -1 || echo "piece_cost failed (see above)"
 fi
 python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
 # where run B's distance to the lower bound goes, by the fixed-clock refit (docs/results.md)
