@@ -59,7 +59,11 @@ def piece_table(counts: dict, model, G: int) -> list[list[tuple[np.ndarray, np.n
 
 def analyse(path: Path, seed: int, zipf: float) -> dict:
     doc = json.loads(path.read_text())
-    meta = doc.get("metadata") or {}
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list) or not meta \
+            or "model" not in meta or "tokens_per_gpu" not in meta:
+        raise ValueError(f"{path}: not a megakernel trace of bench --trace (needs traceEvents and metadata with "
+                         "model and tokens_per_gpu)")
     model = get_model(meta["model"])
     n = int(meta["tokens_per_gpu"])
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]

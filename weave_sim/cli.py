@@ -150,7 +150,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.amend is not None:
         if args.measurements is not None or args.fit is not None or not args.decision or args.piece_cost:
-            raise ValueError("--amend PROFILE takes --decision TRACE... and neither a measurements file nor --fit")
+            raise ValueError("--amend PROFILE takes --decision TRACE... only (no measurements file, --fit or "
+                             "--piece-cost)")
         prof = amend_decision(args.amend, args.decision, args.output, name=args.name)
         print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: decision "
               f"{prof['fixed_ns']['decision']} ns from {prof['calibration']['decision_from']['records']} choose records")

@@ -62,3 +62,9 @@ def test_cli_writes_the_fit(tmp_path, capsys):
     assert "one fixed cost" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.json")])
+
+
+def test_not_a_trace_is_named(capsys):
+    with pytest.raises(SystemExit):
+        main([str(ROOT / "docs" / "results" / "calib_2xh200_ws.json")])
+    assert "not a megakernel trace" in capsys.readouterr().err
