@@ -3,7 +3,7 @@ matched to its piece, and the piece's rows rebuilt from the benchmark's routing.
 
 The megakernel's comm CTA k of C pushes its rank's pieces k, k + C, k + 2C, ... in sending order (csrc
 megakernel.cuh dispatch_blocks); a piece is a source's rows of one expert inside one 128-row block of the owner's
-receive layout (weave_sim.engine.dag._piece_rows). A record names its SM and the piece's destination and owner
+receive layout (weave_sim.engine.dag.piece_layout). A record names its SM and the piece's destination and owner
 row block, which identify the piece; that every SM's pieces are i, i + C, i + 2C, ... checks the rebuilt routing
 and the deal. Then per model a least-
 squares line  duration = fixed + bytes / rate  over the pieces gives a piece's fixed cost (fence, flag, start)
@@ -25,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from weave_sim.engine.dag import piece_layout, receive_ring
+from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
+from weave_sim.workload import workload_from_counts
 
 from .recount import counts_for
 
@@ -33,27 +36,20 @@ TILE = 128
 
 
 def piece_table(counts: dict, model, G: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-    """(rows, owner row block) of every piece per stream s -> d in the kernel's sending order (expert-packed
-    layout, the owner's sources in ring order g, g-1, ...)."""
-    pairs = np.asarray(counts["source_expert_pairs"], dtype=np.int64)  # [src, expert]
-    E = pairs.shape[1]
-    local = E // G
+    """(rows, owner row block) of every piece per stream s -> d in the kernel's sending order: the engine's
+    piece_layout of the expert-packed layout, each expert's blocks offset by the blocks of the experts before it
+    (an expert's rows are padded once to whole blocks)."""
+    w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model,
+                             contiguous(model.num_experts, G), counts["tokens_per_gpu"])
+    layout = piece_layout(w, receive_ring(G, "piece"), TILE, None)
     out = [[(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in range(G)] for _ in range(G)]
     for d in range(G):
-        ring = [(d - t) % G for t in range(G)]
-        seg = pairs[ring][:, d * local:(d + 1) * local].T  # [local expert, ring position]
-        padded = -(-seg.sum(axis=1) // TILE) * TILE  # each expert padded once to whole blocks
-        ebase = np.cumsum(padded) - padded
-        start = ebase[:, None] + np.cumsum(seg, axis=1) - seg
-        for j in range(1, G):
-            n, st = seg[:, j], start[:, j]
-            e = np.flatnonzero(n > 0)
-            first, last = st[e] // TILE, (st[e] + n[e] - 1) // TILE
-            cnt = last - first + 1
-            ee = np.repeat(e, cnt)
-            blk = np.repeat(first, cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            rows = np.minimum((blk + 1) * TILE, st[ee] + n[ee]) - np.maximum(blk * TILE, st[ee])
-            out[ring[j]][d] = (rows, blk)
+        blocks = -(-w.pair_counts[:, d, w.placement.local_experts(d)].sum(axis=0) // TILE)
+        first_block = np.cumsum(blocks) - blocks
+        for s in range(G):
+            rows, expert, blk = layout[s][d]
+            if s != d:
+                out[s][d] = (rows, first_block[expert] + blk)
     return out
 
 

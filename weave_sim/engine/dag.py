@@ -175,14 +175,16 @@ def receive_ring(G: int, dispatch_order: str) -> np.ndarray:
     return (np.arange(G)[:, None] + step * np.arange(G)[None, :]) % G
 
 
-def _piece_rows(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
-                segment_pad_rows: int | None) -> list[list[np.ndarray]]:
-    """Rows of each megakernel dispatch piece, per stream s -> d in stream order (rows[s][d]; empty for s == d):
-    on owner d each local expert's rows lie back to back (d's own first, then ring order; each source's segment
-    padded to segment_pad_rows in the per-segment layout), and a source sends one piece per tile_rows-row block its
-    segment touches, expert by expert."""
+def piece_layout(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
+                 segment_pad_rows: int | None) -> list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """The megakernel's dispatch pieces per stream s -> d in stream order (layout[s][d]; empty for s == d), as
+    (rows, local expert, row block counted from the expert's first block): on owner d each local expert's rows lie
+    back to back (d's own first, then ring order; each source's segment padded to segment_pad_rows in the
+    per-segment layout), and a source sends one piece per tile_rows-row block its segment touches, expert by
+    expert (weave_kernel.piece_cost matches measured dispatch records to these)."""
     G = w.num_gpus
-    rows = [[np.zeros(0, np.int64) for _ in range(G)] for _ in range(G)]
+    empty = np.zeros(0, np.int64)
+    out = [[(empty, empty, empty) for _ in range(G)] for _ in range(G)]
     for d in range(G):
         seg = w.pair_counts[:, d, w.placement.local_experts(d)][ring[d]].T  # [experts, ring position]
         span = seg if segment_pad_rows is None else -(-seg // segment_pad_rows) * segment_pad_rows
@@ -194,9 +196,15 @@ def _piece_rows(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
             cnt = last - first + 1
             ee = np.repeat(e, cnt)
             blk = np.repeat(first, cnt) + np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            rows[int(ring[d, j])][d] = (np.minimum((blk + 1) * tile_rows, st[ee] + n[ee])
-                                        - np.maximum(blk * tile_rows, st[ee]))
-    return rows
+            rows = np.minimum((blk + 1) * tile_rows, st[ee] + n[ee]) - np.maximum(blk * tile_rows, st[ee])
+            out[int(ring[d, j])][d] = (rows, ee, blk)
+    return out
+
+
+def _piece_rows(w: LayerWorkload, ring: np.ndarray, tile_rows: int,
+                segment_pad_rows: int | None) -> list[list[np.ndarray]]:
+    """Rows of each megakernel dispatch piece, per stream s -> d in stream order (rows[s][d]; piece_layout)."""
+    return [[rows for rows, _, _ in row] for row in piece_layout(w, ring, tile_rows, segment_pad_rows)]
 
 
 def _dispatch_pieces(w: LayerWorkload, ring: np.ndarray, tile_rows: int, segment_pad_rows: int | None) -> np.ndarray:
