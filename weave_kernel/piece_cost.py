@@ -5,9 +5,9 @@ The megakernel's comm CTA k of C pushes its rank's pieces k, k + C, k + 2C, ... 
 megakernel.cuh dispatch_blocks); a piece is a source's rows of one expert inside one 128-row block of the owner's
 receive layout (weave_sim.engine.dag.piece_layout). A record names its SM and the piece's destination and owner
 row block, which identify the piece; that every SM's pieces are i, i + C, i + 2C, ... checks the rebuilt routing
-and the deal. Then per model a least-
-squares line  duration = fixed + bytes / rate  over the pieces gives a piece's fixed cost (fence, flag, start)
-and the per-CTA copy rate while C CTAs push at once.
+and the deal. A least-squares line  duration = fixed + bytes / rate  over each trace's pieces, and one over all
+traces with a shared fixed cost and a rate per trace, give a piece's fixed cost (fence, flag, the copy's start and
+end) and the per-CTA copy rate while that trace's C CTAs push at once.
 
     python -m weave_kernel.piece_cost docs/results/kernel_trace_weave_*_4096.json [--seed 0 --zipf 1.0] [--out F]
 
