@@ -334,9 +334,10 @@ def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None
     src = load_profile(profile)
     prof = json.loads(json.dumps(src.raw))
     cal = prof.get("calibration") or {}
-    fitted_weave = _weave_policies(cal.get("policies")) if "fitted_to" in cal else []
-    if "fitted_to" in cal and cal.get("policies") is None:
-        fitted_weave = ["(all policies)"]
+    fitted_weave = []
+    if "fitted_to" in cal:  # a fit to every policy of its benchmark (policies None) may have had weave in it
+        pols = cal.get("policies")
+        fitted_weave = ["all the policies of its benchmark"] if pols is None else _weave_policies(pols)
     if fitted_weave:
         raise CalibrationError(f"{src.name} was fitted to latencies of {', '.join(fitted_weave)}, which pay the "
                                "decision: refit it (weave-sim calibrate --fit ... --decision TRACE...) instead")
@@ -345,7 +346,8 @@ def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None
     prof["fixed_ns"]["decision"] = int(round(dec["ns"]))
     if name:
         prof["name"] = name
-    prof["version"] = f"{prof.get('version', '?')}+decision"
+    version = str(prof.get("version", "?"))
+    prof["version"] = version if version.endswith("+decision") else version + "+decision"
     prof["source"] = (prof.get("source", "") + f" Decision cost {int(round(dec['ns']))} ns (was {old}): median of "
                       f"{dec['records']} measured choose records ({', '.join(dec['median_ns_by_trace'])}).")
     prof["calibration"] = {**cal, "decision_from": dec}
