@@ -27,7 +27,7 @@ from weave_kernel.routing import bench_routing
 from weave_kernel.symm import init_ranks
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
-from weave_sim.validate import KERNEL_LAYOUT
+from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT
 
 
 def main() -> int:
@@ -54,7 +54,8 @@ def main() -> int:
         ids_d, w_d = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
         owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
         y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
-        res = {"kernel_layout": KERNEL_LAYOUT, "model": model.name, "tokens_per_gpu": n, "gpus": world,
+        res = {"kernel_layout": KERNEL_LAYOUT, "kernel_deciders": KERNEL_DECIDERS, "model": model.name,
+               "tokens_per_gpu": n, "gpus": world,
                "experts": model.num_experts, "local_experts": model.num_experts // world, "top_k": model.top_k,
                "hidden": model.hidden_size, "inter": model.expert_ffn_size, "latency_ms": {}, "gpu_state": {},
                "rel_err_vs_reference": {}, "timing": f"sustained {args.seconds} s, second half timed",
