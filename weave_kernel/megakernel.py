@@ -25,7 +25,7 @@ from .validate import check_geometry, check_layer_inputs
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
-COST_TABLE_VERSION = 2       # weave::cost_table::kVersion
+COST_TABLE_VERSION = 3       # weave::cost_table::kVersion
 CHOICE_LEN = 8               # weave::kChoiceLen (csrc/params.h); slots: ChoiceSlot
 CHOICE_SLOTS = ("c_star", "k_star", "time_ns", "comm_ctas_used", "epoch")
 DEFAULT_COST_PROFILE = "h200-megakernel"  # fitted to this kernel (docs/results.md); "h200" = seed

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costtable import DEFAULT_CHUNKS, row_bucket, table_for
+from .costtable import DEFAULT_CHUNKS, NUM_ROW_BUCKETS, row_bucket, table_for
 from .profile import HardwareProfile
 from .workload import LayerWorkload
 _TFLOPS_TO_FLOP_PER_NS = 1e3  # 1 TFLOP/s = 1e12 FLOP / 1e9 ns
@@ -71,6 +71,21 @@ class Choice:
         return self.time_ns.max(axis=1)
 
 
+def per_sm_tflops(table, rows_per_expert) -> np.ndarray:
+    """The table's per-SM TFLOP/s at an integer-valued rows-per-expert count r: linear in r between the rates at
+    2^b and 2^(b+1), b = row_bucket(r) (the last bucket flat). A tile computes 128 rows whatever it holds, so below
+    a tile the useful rate grows in proportion to r; between buckets this keeps the choice from jumping when r
+    crosses a power of two (126 rows were rated as 64 before, at half the rate of 128). The kernel computes the
+    same, operation for operation (csrc/cost_model.cuh)."""
+    r = np.maximum(np.asarray(rows_per_expert, dtype=np.float64), 1.0)
+    b = row_bucket(r.astype(np.int64))
+    nxt = np.minimum(b + 1, NUM_ROW_BUCKETS - 1)
+    lo, hi = table.per_sm_tflops[b], table.per_sm_tflops[nxt]
+    base = np.ldexp(1.0, b)
+    frac = np.where(b + 1 < NUM_ROW_BUCKETS, (r - base) / base, 0.0)
+    return lo + (hi - lo) * frac
+
+
 def lower_bound_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
     """[L, G]: max(F / peak, max(bytes in, bytes out) / NVLink peak, weight bytes / HBM)."""
     t_flops = vol.flops / (profile.gemm_peak_tflops * _TFLOPS_TO_FLOP_PER_NS)
@@ -100,7 +115,7 @@ def layer_time_ns(vol: Volumes, profile: HardwareProfile, comm_sms, chunks=DEFAU
     t_ingress = (v["dispatch_bytes_in"] + v["combine_bytes_in"]) / peak_link
     t_comm = np.maximum(t_push, t_ingress)
     sms = np.minimum(table.num_sms - c, np.maximum(v["gemm_tiles"], 1.0))
-    per_sm = table.per_sm_tflops[row_bucket(v["rows_per_expert"])]
+    per_sm = per_sm_tflops(table, v["rows_per_expert"])
     rate = np.minimum(sms * per_sm, table.header("gemm_peak_tflops")) * _TFLOPS_TO_FLOP_PER_NS
     t_comp = np.maximum(v["flops"] / (rate * eff), v["weight_bytes"] / table.header("hbm_gbs"))
     t_tail = (1.0 - table.header("rho")) * v["combine_bytes_out"] / (bw * k)
@@ -139,7 +154,7 @@ def sequential_time_ns(vol: Volumes, profile: HardwareProfile) -> np.ndarray:
     t_combine = np.maximum(vol.combine_bytes_out / bw, vol.combine_bytes_in / profile.nvlink_peak_gbs)
     table = table_for(profile)
     sms = np.minimum(n, np.maximum(vol.gemm_tiles, 1.0))
-    per_sm = table.per_sm_tflops[row_bucket(vol.rows_per_expert)]
+    per_sm = per_sm_tflops(table, vol.rows_per_expert)
     rate = np.minimum(sms * per_sm, profile.gemm_peak_tflops) * _TFLOPS_TO_FLOP_PER_NS
     t_comp = np.maximum(vol.flops / rate, vol.weight_bytes / profile.hbm_gbs)
     fixed = 3 * profile.fixed_ns["launch"] + profile.fixed_ns["host_sync"]

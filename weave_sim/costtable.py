@@ -9,7 +9,7 @@ Layout (offsets in float64 slots):
     [OFF_HEADER, +HEADER_LEN)  version, num_sms, nvlink_peak_gbs, gemm_peak_tflops, hbm_gbs, rho,
                                tile_rows, tile_cols, num_chunk_choices, max_comm_sms, (reserved ...)
     [OFF_BW, +MAX_SMS+1)       push GB/s for c = 0..MAX_SMS comm CTAs
-    [OFF_TFLOPS, +NUM_ROW_BUCKETS) per-SM TFLOP/s for rows-per-expert bucket b (rows in [2^b, 2^(b+1)))
+    [OFF_TFLOPS, +NUM_ROW_BUCKETS) per-SM TFLOP/s at 2^b rows per expert (costmodel.per_sm_tflops: linear in between)
     [OFF_CHUNKS, +MAX_CHUNK_CHOICES) candidate K values (0 = unused slot)
     [OFF_EFF, +MAX_CHUNK_CHOICES) eff(K) for those K
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from .profile import HardwareProfile
 
-TABLE_VERSION = 2  # 2: max_comm_sms, the end of the choice's grid
+TABLE_VERSION = 3  # 2: max_comm_sms, the end of the choice's grid; 3: per-SM rate linear between buckets
 HEADER_FIELDS = (
     "version", "num_sms", "nvlink_peak_gbs", "gemm_peak_tflops", "hbm_gbs", "rho",
     "tile_rows", "tile_cols", "num_chunk_choices", "max_comm_sms",

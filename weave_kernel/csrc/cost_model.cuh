@@ -17,7 +17,7 @@ namespace weave {
 
 // Mirror of the layout constants in weave_sim/costtable.py (tests compare them).
 namespace cost_table {
-constexpr int kVersion = 2;
+constexpr int kVersion = 3;
 constexpr int kHeaderLen = 16;
 constexpr int kMaxSms = 256;
 constexpr int kNumRowBuckets = 16;
@@ -54,6 +54,14 @@ WEAVE_HD int row_bucket(int64_t rows) {
 }
 
 WEAVE_HD double dmax(double a, double b) { return a > b ? a : b; }
+// a * b rounded on its own (no fused multiply-add on the device, as numpy computes it)
+WEAVE_HD double dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
 WEAVE_HD double dmin(double a, double b) { return a < b ? a : b; }
 
 // Volumes of GPU `gpu` from the exchanged counts, as weave_sim/workload.py defines them.
@@ -97,6 +105,19 @@ WEAVE_HD CostVolumes volumes_for_gpu(const double* table, int gpu, int num_gpus,
   return v;
 }
 
+// Per-SM TFLOP/s at rows per expert r (integer-valued): linear in r between the table's rates at 2^b and
+// 2^(b+1), b = row_bucket(r); the last bucket flat (weave_sim/costmodel.py::per_sm_tflops, the same operations).
+WEAVE_HD double per_sm_tflops(const double* table, double rows_per_expert) {
+  using namespace cost_table;
+  const double r = dmax(rows_per_expert, 1.0);
+  const int b = row_bucket((int64_t)r);
+  const int nxt = b + 1 < kNumRowBuckets ? b + 1 : kNumRowBuckets - 1;
+  const double lo = table[kOffTflops + b], hi = table[kOffTflops + nxt];
+  const double base = (double)((int64_t)1 << b);
+  const double frac = b + 1 < kNumRowBuckets ? (r - base) / base : 0.0;
+  return lo + dmul(hi - lo, frac);
+}
+
 // T(c, K) in ns for c comm SMs and the k_idx-th candidate chunk count.
 WEAVE_HD double layer_time_ns(const double* table, const CostVolumes& v, int c, int k_idx) {
   using namespace cost_table;
@@ -108,7 +129,7 @@ WEAVE_HD double layer_time_ns(const double* table, const CostVolumes& v, int c, 
   const double t_ingress = (v.dispatch_bytes_in + v.combine_bytes_in) / table[kOffHeader + kNvlinkPeakGbs];
   const double t_comm = dmax(t_push, t_ingress);
   const double sms = dmin(num_sms - (double)c, dmax(v.gemm_tiles, 1.0));
-  const double per_sm = table[kOffTflops + row_bucket((int64_t)v.rows_per_expert)];
+  const double per_sm = per_sm_tflops(table, v.rows_per_expert);
   const double rate = dmin(sms * per_sm, table[kOffHeader + kGemmPeakTflops]) * 1e3;
   const double t_comp = dmax(v.flops / (rate * eff), v.weight_bytes / table[kOffHeader + kHbmGbs]);
   const double t_tail = (1.0 - table[kOffHeader + kRho]) * v.combine_bytes_out / (bw * k);
