@@ -153,7 +153,7 @@ KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
 # before it): every CTA, and all of them wait for it. A benchmark result names it in "kernel_deciders"; results
 # without it are "all", except those of the two kernel source versions measured after the change and before
 # bench recorded it (the benchmark file's kernel_sources).
-KERNEL_DECIDERS = "table"
+KERNEL_DECIDERS = "table"  # this kernel's (bench records it); the modes: engine.run.DECIDER_MODES
 TABLE_DECIDER_SOURCES = frozenset({"sha256:a316c1b34f92143f", "sha256:0ecf088e94391481"})
 
 
@@ -163,9 +163,11 @@ def kernel_options(r: dict) -> dict:
     layout = r.get("kernel_layout", "segment-padded")
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"unknown kernel_layout {layout!r} (known: {sorted(KERNEL_LAYOUTS)})")
+    from .engine.run import DECIDER_MODES
+
     deciders = r.get("kernel_deciders", "all")
-    if deciders not in ("table", "all"):
-        raise ValueError(f"unknown kernel_deciders {deciders!r} (known: 'table', 'all')")
+    if deciders not in DECIDER_MODES:
+        raise ValueError(f"unknown kernel_deciders {deciders!r} (known: {', '.join(DECIDER_MODES)})")
     return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders}
 
 

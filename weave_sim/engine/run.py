@@ -26,7 +26,7 @@ POWER_ITERATIONS = 6     # simulations per layer at most under a power model
 POWER_TOLERANCE = 0.004  # clock fraction: stop once no GPU's clock moves more
 
 
-KERNEL_DECIDERS = ("table", "all")
+DECIDER_MODES = ("table", "all")  # SimOptions.kernel_deciders
 PIECE_DEALS = ("round-robin", "queue")
 
 
@@ -87,8 +87,8 @@ class SimOptions:
             raise ValueError(f"dispatch_order must be one of {DISPATCH_ORDERS}, got {self.dispatch_order!r}")
         if self.piece_deal not in PIECE_DEALS:
             raise ValueError(f"piece_deal must be one of {PIECE_DEALS}, got {self.piece_deal!r}")
-        if self.kernel_deciders not in KERNEL_DECIDERS:
-            raise ValueError(f"kernel_deciders must be one of {KERNEL_DECIDERS}, got {self.kernel_deciders!r}")
+        if self.kernel_deciders not in DECIDER_MODES:
+            raise ValueError(f"kernel_deciders must be one of {DECIDER_MODES}, got {self.kernel_deciders!r}")
         if self.fairness not in FAIRNESS:
             raise ValueError(f"fairness must be one of {FAIRNESS}, got {self.fairness!r}")
 
