@@ -94,18 +94,11 @@ def energy_scaled(profile, factor: float):
     return profile_from_dict(raw, origin=f"{profile.name} x{factor} energy per FLOP")
 
 
-def with_decision(profile, ns: float):
-    """`profile` with weave's in-kernel decision costing ns."""
+def with_fixed_cost(profile, key: str, ns: float):
+    """`profile` with one fixed cost (fixed_ns[key]: "decision", "dispatch_piece", ...) set to ns."""
     raw = json.loads(json.dumps(profile.raw))
-    raw["fixed_ns"]["decision"] = int(round(ns))
-    return profile_from_dict(raw, origin=f"{profile.name}, decision {int(round(ns))} ns")
-
-
-def with_piece_cost(profile, ns: float):
-    """`profile` with every dispatch piece's fixed cost (fixed_ns.dispatch_piece) ns."""
-    raw = json.loads(json.dumps(profile.raw))
-    raw["fixed_ns"]["dispatch_piece"] = int(round(ns))
-    return profile_from_dict(raw, origin=f"{profile.name}, {int(round(ns))} ns per dispatch piece")
+    raw["fixed_ns"][key] = int(round(ns))
+    return profile_from_dict(raw, origin=f"{profile.name}, {key} {int(round(ns))} ns")
 
 
 def parse_variant(text: str) -> tuple[str, float]:
@@ -184,13 +177,13 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
             raise ValueError(f"queue models the kernel's dispatch pieces; this result ran {opts}")
         changed, changed_opts, changed_profile = as_built, {**opts, "piece_deal": "queue"}, profile
     elif kind == "decide":
-        profile = with_decision(profile, speedup)  # both sides; only who waits for the decision differs:
+        profile = with_fixed_cost(profile, "decision", speedup)  # both sides; only who waits for the decision differs:
         opts = {**opts, "kernel_deciders": "all"}  # every SM (before 9caebac) against the deciding SMs only
         changed, changed_opts, changed_profile = as_built, {**opts, "kernel_deciders": "table"}, profile
     elif kind == "piece":
         if opts.get("dispatch_order") != "piece":
             raise ValueError(f"piece:NS models the kernel's dispatch pieces; this result ran {opts}")
-        changed, changed_opts, changed_profile = as_built, opts, with_piece_cost(profile, speedup)
+        changed, changed_opts, changed_profile = as_built, opts, with_fixed_cost(profile, "dispatch_piece", speedup)
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "push":
