@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device-machine session: build once, GPU correctness (all GPUs and 1 rank; virtual ranks for world sizes the
 # machine lacks), GEMM probe, benchmark, sanitizer.
-# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,probe,bench,sanitize,summary;
+# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,fuzz,probe,bench,sanitize,summary;
 # they run in that order). Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS, its JSON goes to
 # $BENCH_OUT (default $OUT/kernel_bench.json). SAN_BEFORE_S: run the sanitizer only if fewer seconds than this
 # have passed since the script started (default: always).
@@ -33,6 +33,13 @@ if has virtual; then  # world sizes 2, 3, 4, 8 as virtual ranks on GPU 0 (correc
   timeout ${VIRTUAL_TIMEOUT:-400} python3 tests/kernel/virtual_worker.py --worlds ${VIRTUAL_WORLDS:-2,3,4,8} > $OUT/virtual.log 2>&1
   echo "virtual rc $? [${SECONDS}s]: $(grep -c '^PASS' $OUT/virtual.log) PASS lines, $(grep -c '^FAIL' $OUT/virtual.log) FAIL lines"
   grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/virtual.log | cut -c1-240 | head -20
+fi
+if has fuzz; then  # random layers on virtual ranks (fuzz_worker.py); FUZZ_SEED (default: random), FUZZ_BUDGET_S
+  seed=${FUZZ_SEED:-$RANDOM}
+  timeout ${FUZZ_TIMEOUT:-400} python3 tests/kernel/fuzz_worker.py --cases ${FUZZ_CASES:-100000} --seed $seed \
+    --budget-s ${FUZZ_BUDGET_S:-240} > $OUT/fuzz.log 2>&1
+  echo "fuzz seed $seed rc $? [${SECONDS}s]: $(grep -c '^PASS case' $OUT/fuzz.log) cases passed, $(grep -c '^FAIL case' $OUT/fuzz.log) failed"
+  grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/fuzz.log | cut -c1-240 | head -20
 fi
 if has probe; then
   timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5

@@ -53,13 +53,16 @@ def policies_for(n: int) -> tuple[str, ...]:
 
 
 def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,
-             top_k: int, tokens: list[int], routing: str = "skewed", placement: str = "contiguous",
-             policies=None, repeats: int = 1, seed: int = 0) -> VirtualRanks:
+             top_k: int, tokens: list[int], routing="skewed", placement: str = "contiguous",
+             policies=None, repeats: int = 1, seed: int = 0, ctas_per_rank: int | None = None,
+             max_tokens: int | None = None) -> VirtualRanks:
+    """routing: "skewed", "one_expert" or a callable (num_tokens, seed) -> (ids int32 [n, k], weights float32 [n, k])."""
     dev = torch.device("cuda", torch.cuda.current_device())
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                          max_tokens=max(max(tokens), 1), dispatch=DISPATCH[0])
+                          max_tokens=max_tokens or max(max(tokens), 1), dispatch=DISPATCH[0],
+                          ctas_per_rank=ctas_per_rank)
     policies = policies or policies_for(vr.num_ctas)
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
@@ -71,7 +74,9 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
         for r in range(world):
             n = tokens[(r + rep) % len(tokens)]
             s = seed * 7919 + rep * 31 + r
-            if routing == "skewed":
+            if callable(routing):
+                i, w = routing(n, s)
+            elif routing == "skewed":
                 i, w = skewed_routing(n, num_experts, top_k, seed=s, zipf_s=1.2)
             else:
                 i, w = single_expert_routing(n, top_k, expert=num_experts - 1, num_experts=num_experts, seed=s)
@@ -97,7 +102,8 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
                 log(f"  {name} {pol}: {exc}")
                 errs = [float("inf")] * world
                 vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
-                                  placement=pl, max_tokens=vr[0].max_tokens, dispatch=DISPATCH[0])
+                                  placement=pl, max_tokens=vr[0].max_tokens, dispatch=DISPATCH[0],
+                                  ctas_per_rank=vr.num_ctas)
             ok = all(e <= TOL for e in errs)
             log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok} "
                 f"rel_err max {max(errs):.2e}")

@@ -1,0 +1,83 @@
+"""tests/kernel/fuzz_worker.py's CPU parts: every drawn case is a layer the kernel accepts, and its routing is valid."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")  # weave_kernel.validate imports torch
+
+from weave_kernel.policies import parse_policy  # noqa: E402
+from weave_kernel.validate import check_geometry  # noqa: E402
+from weave_kernel.virtual import default_ctas_per_rank  # noqa: E402
+from weave_sim.placement import contiguous, round_robin  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CASES = 400
+
+
+@pytest.fixture(scope="module")
+def fz():
+    spec = importlib.util.spec_from_file_location("fuzz_worker", HERE / "fuzz_worker.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def cases(fz):
+    return [fz.draw_case(3, i) for i in range(CASES)]
+
+
+def test_cases_are_deterministic(fz):
+    assert fz.draw_case(5, 7) == fz.draw_case(5, 7)
+    assert fz.draw_case(5, 7) != fz.draw_case(5, 8)
+
+
+def test_every_case_is_a_layer_the_kernel_accepts(fz, cases):
+    for c in cases:
+        check_geometry(c["hidden"], c["inter"], c["experts"], c["top_k"], c["world"], c["world"])
+        assert max(2, c["world"]) <= c["ctas_per_rank"] <= default_ctas_per_rank(fz.SMS, c["world"])
+        assert c["max_tokens"] >= max(max(c["tokens"]), 1)
+        assert c["experts"] * 3 * c["hidden"] * c["inter"] <= fz.MAX_WEIGHT_ELEMS
+        assert 1 <= len(c["policies"]) <= 4
+        for pol in c["policies"]:
+            parse_policy(pol, c["ctas_per_rank"])  # raises on a C outside the grid
+        if c["routing"] == "hot_rank":
+            assert c["top_k"] <= c["experts"] // c["world"]
+
+
+def test_cases_cover_the_corners(fz, cases):
+    seen = lambda key: {c[key] for c in cases}  # noqa: E731
+    assert {1, 2, 3, 8} <= seen("world")
+    assert set(fz.ROUTINGS) <= seen("routing")
+    assert {64} <= seen("hidden") and {64} <= seen("inter")
+    assert 1 in seen("top_k") and 1 in {c["experts"] // c["world"] for c in cases}
+    assert any(all(t == 0 for t in c["tokens"]) for c in cases)
+    assert any(0 in c["tokens"] and max(c["tokens"]) > 0 for c in cases)
+    assert {"threads", "bulk"} <= seen("dispatch") and {"contiguous", "round-robin"} <= seen("placement")
+    assert any(c["ctas_per_rank"] < fz.SMS // c["world"] for c in cases)
+    assert any(c["max_tokens"] > max(c["tokens"]) + 1 for c in cases)
+    assert any(max(c["tokens"]) >= 1000 for c in cases) and max(max(c["tokens"]) for c in cases) < fz.MAX_TOKENS
+
+
+@pytest.mark.parametrize("kind", ["zipf", "uniform", "duplicates", "hot_rank", "one_expert"])
+def test_routing_is_valid(fz, kind):
+    experts, top_k, world = 12, 3, 3
+    for placement in (contiguous(experts, world), round_robin(experts, world)):
+        owned = list(placement.local_experts(1))
+        ids, w = fz._routing(kind, experts, top_k, owned, 1.1)(257, 9)
+        assert ids.shape == w.shape == (257, top_k) and ids.dtype == np.int32 and w.dtype == np.float32
+        assert ids.min() >= 0 and ids.max() < experts
+        np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-5)
+        assert (w > 0).all()
+        distinct = np.array([len(set(r)) for r in ids.tolist()])
+        if kind == "duplicates":
+            assert (distinct < top_k).any()  # 257 tokens, 3 of 12: some token picks an expert twice
+        else:
+            assert (distinct == top_k).all()
+        if kind == "hot_rank":
+            assert set(ids.ravel().tolist()) <= set(owned)
+    assert fz._routing(kind, experts, top_k, owned, 1.1)(0, 9)[0].shape == (0, top_k)
