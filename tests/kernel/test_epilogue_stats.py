@@ -1,15 +1,9 @@
 """tests/kernel/epilogue_stats.py on a synthetic trace."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-spec = importlib.util.spec_from_file_location("epilogue_stats", Path(__file__).with_name("epilogue_stats.py"))
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
 
 
 def _ev(name, ts, dur, tid, rb=None):
@@ -19,7 +13,8 @@ def _ev(name, ts, dur, tid, rb=None):
     return e
 
 
-def test_epilogue_shares(tmp_path):
+def test_epilogue_shares(tmp_path, kernel_script):
+    mod = kernel_script("epilogue_stats")
     ev = [_ev("gemm0", 0, 10, 0, 1), _ev("wait", 7, 3, 0, -9), _ev("wait", 6.5, 0.5, 0, -22),
           _ev("gemm1", 10, 4, 0, 1), _ev("wait", 13, 1, 0, -10), _ev("wait", 13, 0.0, 0, -23),
           _ev("gemm0", 0, 20, 1, 2), _ev("wait", 15, 5, 1, -9), _ev("wait", 2, 1.5, 1, 4)]  # a real wait: ignored

@@ -1,9 +1,6 @@
 """tests/kernel/fuzz_worker.py's CPU parts: every drawn case is a layer the kernel accepts, and its routing is valid."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,16 +11,12 @@ from weave_kernel.validate import check_geometry  # noqa: E402
 from weave_kernel.virtual import default_ctas_per_rank  # noqa: E402
 from weave_sim.placement import contiguous, round_robin  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 CASES = 400
 
 
 @pytest.fixture(scope="module")
-def fz():
-    spec = importlib.util.spec_from_file_location("fuzz_worker", HERE / "fuzz_worker.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def fz(kernel_script):
+    return kernel_script("fuzz_worker")
 
 
 @pytest.fixture(scope="module")

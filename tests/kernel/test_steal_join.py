@@ -1,20 +1,12 @@
 """tests/kernel/steal_join_ab.py's CPU parts: the join-delay patch of the kernel sources and the tile medians."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def sj():
-    spec = importlib.util.spec_from_file_location("steal_join_ab", HERE / "steal_join_ab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def sj(kernel_script):
+    return kernel_script("steal_join_ab")
 
 
 def test_patch_finds_its_anchors_and_adds_the_wait(sj, tmp_path):
