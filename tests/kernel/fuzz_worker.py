@@ -13,6 +13,7 @@ Exit status 1 on any failure. `draw_case` needs no GPU (tests/kernel/test_fuzz_c
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -21,9 +22,12 @@ import numpy as np
 SMS = 132  # the H200's grid; the worker reads the device's own
 DIMS_H = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 DIMS_I = (64, 128, 192, 256, 384, 512, 768, 1024, 1408, 2048)
+BIG_DIMS_H = (2048, 2880, 4096, 5120, 7168)  # --big: the presets' sizes and their neighbours
+BIG_DIMS_I = (256, 512, 768, 1408, 1536, 2048, 2880, 6400)
 ROUTINGS = ("zipf", "uniform", "duplicates", "hot_rank", "one_expert")
-MAX_TOKENS = 4096  # per rank
+MAX_TOKENS = 4096  # per rank (--big: 8192)
 MAX_WEIGHT_ELEMS = 3 << 28  # E x 3 x H x I bf16 elements per case (1.5 GiB)
+BIG_WEIGHT_ELEMS = 3 << 31  # --big: 12 GiB (make_weights draws them in fp32 first: 24 GiB for a moment)
 
 
 def _routing(kind: str, num_experts: int, top_k: int, owner_experts: list[int], zipf_s: float):
@@ -48,25 +52,27 @@ def _routing(kind: str, num_experts: int, top_k: int, owner_experts: list[int], 
     return route
 
 
-def draw_case(seed: int, index: int, sms: int = SMS) -> dict:
-    """One random layer, deterministic in (seed, index); every geometry check_geometry accepts."""
-    rng = np.random.default_rng([seed, index])
+def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
+    """One random layer, deterministic in (seed, index, big); every geometry check_geometry accepts. big: layers of
+    the presets' size (up to 128 experts per rank, H up to 7168, 8192 tokens per rank)."""
+    rng = np.random.default_rng([seed, index, int(big)])
+    max_tokens_cap, max_elems = (2 * MAX_TOKENS, BIG_WEIGHT_ELEMS) if big else (MAX_TOKENS, MAX_WEIGHT_ELEMS)
     world = int(rng.choice([1, 2, 2, 3, 4, 4, 5, 6, 8]))
     max_ctas = sms // world
     ctas = max_ctas if rng.random() < 0.7 else int(rng.integers(max(2, world), max_ctas + 1))
-    per_rank = int(rng.choice([1, 2, 3, 4, 6, 8, 16, 32]))
+    per_rank = int(rng.choice([16, 32, 64, 128] if big else [1, 2, 3, 4, 6, 8, 16, 32]))
     while world * world * per_rank > 2048 or world * per_rank > 512:  # the kernel's count matrix and tables
         per_rank //= 2
     experts = world * per_rank
     top_k = int(rng.integers(1, min(8, experts) + 1))
-    hidden, inter = int(rng.choice(DIMS_H)), int(rng.choice(DIMS_I))
-    while experts * 3 * hidden * inter > MAX_WEIGHT_ELEMS:
-        hidden = max(64, hidden // 2)
-        inter = max(64, inter // 2)
+    hidden, inter = int(rng.choice(BIG_DIMS_H if big else DIMS_H)), int(rng.choice(BIG_DIMS_I if big else DIMS_I))
+    while experts * 3 * hidden * inter > max_elems:
+        hidden = max(64, hidden // 128 * 64)  # halved, still a multiple of 64
+        inter = max(64, inter // 128 * 64)
     if rng.random() < 0.1:
         tokens = [0] * world  # nobody routes anything
     else:
-        top = MAX_TOKENS if rng.random() < 0.2 else 700
+        top = max_tokens_cap if big or rng.random() < 0.2 else 700
         tokens = [int(t) for t in np.round(np.exp(rng.uniform(0, np.log(top), size=world))) - 1]
         tokens[int(rng.integers(world))] = int(rng.integers(1, top))  # at least one rank has tokens
     max_tokens = max(max(tokens), 1) + (int(rng.integers(0, 65)) if rng.random() < 0.5 else 0)
@@ -77,7 +83,7 @@ def draw_case(seed: int, index: int, sms: int = SMS) -> dict:
     pool = ["sequential", "static:1", f"static:{c()}", f"static:{ctas - 1}", "weave", "weave", f"weave:{c()}",
             "weave-nosteal"]
     policies = list(dict.fromkeys(str(p) for p in rng.choice(pool, size=4, replace=False)))
-    return dict(seed=seed, index=index, world=world, ctas_per_rank=ctas, experts=experts, top_k=top_k,
+    return dict(seed=seed, index=index, big=big, world=world, ctas_per_rank=ctas, experts=experts, top_k=top_k,
                 hidden=hidden, inter=inter, tokens=tokens, max_tokens=max_tokens, routing=routing,
                 zipf_s=round(float(rng.uniform(0.3, 2.5)), 2), hot_rank=int(rng.integers(world)),
                 placement="round-robin" if rng.random() < 0.25 else "contiguous",
@@ -103,6 +109,7 @@ def run(case: dict) -> int:
                      repeats=case["repeats"], seed=case["seed"] * 1000 + case["index"],
                      ctas_per_rank=case["ctas_per_rank"], max_tokens=case["max_tokens"])
     del vr
+    gc.collect()  # the ranks of a VirtualRanks reference each other (connect): only the collector frees them
     torch.cuda.empty_cache()
     return len(vw.FAILURES) - before
 
@@ -113,6 +120,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", type=int, default=None, help="replay case INDEX of --seed")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new case after this many seconds")
+    ap.add_argument("--big", action="store_true", help="layers of the presets' size (slower: a few seconds a case)")
     args = ap.parse_args()
     import torch
     import virtual_worker as vw
@@ -122,11 +130,11 @@ def main() -> int:
     for i in [args.only] if args.only is not None else range(args.cases):
         if time.time() - t0 > args.budget_s:
             break
-        case = draw_case(args.seed, i, sms)
+        case = draw_case(args.seed, i, sms, args.big)
         vw.log(f"CASE {case}")
         bad = run(case)
         vw.log(f"{'PASS' if not bad else 'FAIL'} case {args.seed}/{i}: {bad} failed calls; replay: python "
-               f"tests/kernel/fuzz_worker.py --seed {args.seed} --only {i}")
+               f"tests/kernel/fuzz_worker.py --seed {args.seed} --only {i}{' --big' * args.big}")
         done += 1
     vw.log(f"CHOICE AGREEMENT: {vw.CHOICES[0]}/{vw.CHOICES[1]} (rank, call) pairs: kernel (c*, K*) == "
            f"weave_sim.costmodel.choose")

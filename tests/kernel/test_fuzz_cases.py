@@ -29,12 +29,14 @@ def test_cases_are_deterministic(fz):
     assert fz.draw_case(5, 7) != fz.draw_case(5, 8)
 
 
-def test_every_case_is_a_layer_the_kernel_accepts(fz, cases):
-    for c in cases:
+@pytest.mark.parametrize("big", [False, True])
+def test_every_case_is_a_layer_the_kernel_accepts(fz, cases, big):
+    for c in cases if not big else [fz.draw_case(3, i, big=True) for i in range(100)]:
         check_geometry(c["hidden"], c["inter"], c["experts"], c["top_k"], c["world"], c["world"])
         assert max(2, c["world"]) <= c["ctas_per_rank"] <= default_ctas_per_rank(fz.SMS, c["world"])
         assert c["max_tokens"] >= max(max(c["tokens"]), 1)
-        assert c["experts"] * 3 * c["hidden"] * c["inter"] <= fz.MAX_WEIGHT_ELEMS
+        assert c["experts"] * 3 * c["hidden"] * c["inter"] <= (fz.BIG_WEIGHT_ELEMS if big else fz.MAX_WEIGHT_ELEMS)
+        assert max(c["tokens"]) < fz.MAX_TOKENS * (2 if big else 1)
         assert 1 <= len(c["policies"]) <= 4
         for pol in c["policies"]:
             parse_policy(pol, c["ctas_per_rank"])  # raises on a C outside the grid
