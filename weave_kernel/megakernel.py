@@ -203,7 +203,8 @@ class MoEMegakernel:
 
     def connect(self, peers: list["MoEMegakernel"]) -> None:
         """Virtual ranks: address the buffers of `peers` (every virtual rank of this world, in rank order, this
-        one included). The peers must stay alive as long as this layer is used."""
+        one included). This layer keeps the peers' buffers alive (not the peers: layers that held each other
+        would form a reference cycle, and their GPU memory would wait for Python's garbage collector)."""
         if not self.virtual:
             raise RuntimeError("connect() is for virtual ranks; real ranks rendezvous through symmetric memory")
         if [p.rank for p in peers] != list(range(self.world)) or peers[self.rank] is not self:
@@ -212,7 +213,7 @@ class MoEMegakernel:
             if (p.world, p.plan, p.device) != (self.world, self.plan, self.device):
                 raise ValueError("virtual ranks must share world size, buffer plan and device")
         self.peer_base.copy_(torch.tensor([p.symm.data_ptr() for p in peers], dtype=torch.int64))
-        self._peers = list(peers)  # keeps the buffers alive
+        self._peer_bufs = [p.symm for p in peers]  # the buffers this layer's peer_base points into
 
     # ---------------------------------------------------------------------------------------------------
     def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,
