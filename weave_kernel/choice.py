@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .megakernel import DEFAULT_COST_PROFILE
+# The cost profile whose table the kernel's `weave` reads unless told otherwise: fitted to this kernel
+# (docs/results.md); "h200" is the seed. Here rather than in megakernel.py so that the CPU tools (predict, whatif,
+# gap, recount) run without torch.
+DEFAULT_COST_PROFILE = "h200-megakernel"
 
 
 def counts_from_routing(ids_per_rank, num_experts: int, placement) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .choice import DEFAULT_COST_PROFILE  # noqa: F401 - part of this module's interface (bench, virtual)
 from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_issuers, parse_policy  # noqa: F401
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
@@ -28,7 +29,6 @@ COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = 
 COST_TABLE_VERSION = 3       # weave::cost_table::kVersion
 CHOICE_LEN = 8               # weave::kChoiceLen (csrc/params.h); slots: ChoiceSlot
 CHOICE_SLOTS = ("c_star", "k_star", "time_ns", "comm_ctas_used", "epoch")
-DEFAULT_COST_PROFILE = "h200-megakernel"  # fitted to this kernel (docs/results.md); "h200" = seed
 DEFAULT_TIMEOUT_S = 2.0
 
 ERROR_TEXT = {
