@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -444,11 +445,17 @@ def format_weave_table(rows: list[dict]) -> str:
         cks = " ".join(f"{k['c_star']},{k['k_star']}" if k else "?" for k in ch.get("kernel", []))
         s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
         w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
+        bw_ms = f"{lat[bw]:>8.3f}" if bw else f"{'-':>8}"
         lines.append(f"{config_label(r['model'], r.get('layer')):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
-                     f"{lat['weave']:>8.3f}{(bw or '-'):>14}{(lat[bw] if bw else float('nan')):>8.3f}"
+                     f"{lat['weave']:>8.3f}{(bw or '-'):>14}{bw_ms}"
                      f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
                      f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")
     return "\n".join(lines)
+
+
+def ratio(v) -> str:
+    """A speedup for the summary lines: '1.234x', or 'n/a' where the run lacks the policy it divides by."""
+    return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
 
 
 def weave_geomeans(rows: list[dict]) -> dict:
@@ -586,11 +593,13 @@ def main(argv=None) -> int:
             for label in ("prefill", "all"):
                 g = wg[label]
                 print(f"geomean ({label}, {g['points']} points): weave vs best static:C per config "
-                      f"{g['weave_vs_best_static']:.3f}x, vs best single {g.get('best_single_static')} "
-                      f"{g.get('weave_vs_best_single_static', float('nan')):.3f}x, "
-                      f"vs static:20 {g['weave_vs_static20']:.3f}x, vs reference {g['weave_vs_reference']:.3f}x "
-                      f"(best static vs reference {g['best_static_vs_reference']:.3f}x)")
-            print(f"weave fraction of the lower bound at 4096 (mean): {wg['weave_fraction_of_lower_bound_4096_mean']}; "
+                      f"{ratio(g['weave_vs_best_static'])}, vs best single {g.get('best_single_static')} "
+                      f"{ratio(g.get('weave_vs_best_single_static'))}, vs static:20 {ratio(g['weave_vs_static20'])}, "
+                      f"vs reference {ratio(g['weave_vs_reference'])} "
+                      f"(best static vs reference {ratio(g['best_static_vs_reference'])})")
+            lb = wg["weave_fraction_of_lower_bound_4096_mean"]
+            print(f"weave fraction of the lower bound at 4096 (mean): "
+                  f"{f'{100 * lb:.1f}%' if lb is not None and math.isfinite(lb) else 'n/a (no 4096-token point)'}; "
                   f"in-kernel choice == weave_sim.costmodel.choose: {wg['choice_agreement']} (rank, config) pairs")
             if "weave_vs_nosteal" in wg:
                 print(f"geomean t(weave-nosteal) / t(weave): {wg['weave_vs_nosteal']:.3f} (above 1: stealing pays)")

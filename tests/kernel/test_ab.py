@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_kernel.bench import ab_summary, graph_summary, parse_args
+from weave_kernel.bench import ab_summary, format_weave_table, graph_summary, parse_args, ratio, weave_geomeans
 from weave_kernel.build import CSRC, load_extension, other_name
 
 
@@ -56,3 +56,17 @@ def test_ab_cost_profile_options_fail_before_touching_a_gpu(argv, match):
 
     with pytest.raises(SystemExit, match=match):
         main(argv)
+
+
+def test_weave_summary_without_static20_or_a_sweep():
+    """A run without static:20 or a weave:C sweep (the A/B runs) says n/a and -, not nanx and nan."""
+    row = {"model": "m", "tokens_per_gpu": 4096, "latency_ms": {"reference": 1.0, "static:8": 0.5, "weave": 0.4},
+           "best_static": "static:8", "weave_vs_best_static": 1.25, "weave_vs_static20": None,
+           "weave_vs_reference": 2.5, "speedup_best_static": 2.0, "weave_fraction_of_lower_bound": 0.5,
+           "weave_choice": {"kernel": [{"c_star": 1, "k_star": 1}], "agrees": [True]}}
+    g = weave_geomeans([row])
+    assert ratio(g["all"]["weave_vs_static20"]) == "n/a" and ratio(g["all"]["weave_vs_best_static"]) == "1.250x"
+    assert g["all"]["best_single_static"] == "static:8" and ratio(g["all"]["weave_vs_best_single_static"]) == "1.250x"
+    assert g["weave_fraction_of_lower_bound_4096_mean"] == 0.5 and g["choice_agreement"] == "1/1"
+    line = format_weave_table([row]).splitlines()[1]
+    assert "nan" not in line and line.split()[7:9] == ["-", "-"]  # best weave:C and its ms
