@@ -46,6 +46,7 @@ from .reference import ep_moe_reference
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
+from .validate import check_geometry
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
@@ -53,7 +54,9 @@ DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS), help="comma-separated preset names")
+    ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS),
+                    help="comma-separated models: preset names or specs such as custom:E=64:k=4:H=2048:I=1024 "
+                         "(weave_sim.presets.get_model)")
     ap.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="tokens per GPU, comma-separated")
     ap.add_argument("--comm", default=",".join(map(str, DEFAULT_COMM)), help="C values for static:C")
     ap.add_argument("--weave-comm", default=None, help="C values for weave:C (default: --comm; '' = none)")
@@ -171,6 +174,15 @@ def lower_bound(all_ids: np.ndarray, model, placement) -> tuple[float, dict]:
         lb_ms = float(np.max(np.maximum.reduce([wl.flops / 750e12, link / 350e9, wl.weight_bytes / 4.3e12]))) * 1e3
         vol["bound"] = f"fallback max(F/750TF, bytes/350GB/s, W/4.3TB/s) ({exc})"
     return lb_ms, vol
+
+
+def bench_model(name: str, args, world: int):
+    """The geometry benchmarked for model `name`: its preset or spec, with --max-local-experts applied."""
+    model = get_model(name)
+    if args.max_local_experts and model.num_experts // world > args.max_local_experts:
+        e = args.max_local_experts * world
+        model = dataclasses.replace(model, num_experts=e, top_k=min(model.top_k, e))
+    return model
 
 
 def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegakernel, torch.Tensor, torch.Tensor]:
@@ -526,6 +538,12 @@ def main(argv=None) -> int:
     except (ValueError, KeyError) as exc:
         raise SystemExit(f"weave_kernel.bench: {exc}")
     rank, world, dev = init_ranks()
+    models = {name: bench_model(name, args, world) for name in args.models.split(",")}
+    for name, model in models.items():  # a geometry the kernel cannot run fails here, before any GPU work
+        try:
+            check_geometry(model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, world, world)
+        except ValueError as exc:
+            raise SystemExit(f"weave_kernel.bench: model {name}: {exc}")
     rows = []
     sources = kernel_sources(args)  # hashed once: the sources do not change during the run
     gpu = torch.cuda.get_device_name(dev)
@@ -547,11 +565,7 @@ def main(argv=None) -> int:
     if not args.no_gpu_state:
         sampler = GpuStateSampler.for_device(dev)
     warm_gpu(args.warm_gpu_s, dev)
-    for name in args.models.split(","):
-        model = get_model(name)
-        if args.max_local_experts and model.num_experts // world > args.max_local_experts:
-            e = args.max_local_experts * world
-            model = dataclasses.replace(model, num_experts=e, top_k=min(model.top_k, e))
+    for name, model in models.items():
         tokens = [int(t) for t in args.tokens.split(",")]
         layer, w13, w2 = make_layer(model, max(tokens), args, world, dev)
         for n, moe_layer in [(n, m) for n in tokens for m in layer_sets[name]]:

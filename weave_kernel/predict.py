@@ -91,7 +91,8 @@ def geomean(xs) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="2,4,8", help="world sizes, comma-separated")
-    ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS))
+    ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS),
+                    help="comma-separated presets or model specs (weave_sim.presets.get_model)")
     ap.add_argument("--tokens", default="2048,4096,8192")
     ap.add_argument("--profile", default="h200-megakernel-power")
     ap.add_argument("--seed", type=int, default=0)

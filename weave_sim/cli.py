@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 
 from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
-from .presets import PRESETS, WEAVE_EVAL_MODELS
+from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
 from .report import format_table, write_json
 from .workload import model_workloads
 
@@ -27,6 +28,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         for m in PRESETS.values()
     ]
     print(format_table(["model", "experts", "top_k", "hidden", "ffn", "shared", "layers", "weave-eval"], rows))
+    print("\n" + textwrap.fill(f"Any --model / --models flag also takes a spec: {SPEC_HELP}.", 110))
     return 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .placement import Placement, make_placement
-from .presets import PRESETS, ModelPreset, get_model
+from .presets import PRESETS, SPEC_HELP, ModelPreset, get_model
 from .profile import HardwareProfile, load_profile
 
 DEFAULT_MODEL = "gpt-oss-20b"
@@ -100,7 +100,8 @@ def resolve(cfg: RunConfig) -> Resolved:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by costmodel, simulate and sweep."""
-    p.add_argument("--model", default=None, help=f"preset ({', '.join(PRESETS)}); default {DEFAULT_MODEL}, or the trace's model")
+    p.add_argument("--model", default=None,
+                   help=f"preset ({', '.join(PRESETS)}) or spec {SPEC_HELP}; default {DEFAULT_MODEL}, or the trace's model")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the EP group (default 4)")
     p.add_argument("--tokens", type=int, default=2048, help="tokens per GPU (default 2048)")
     p.add_argument("--trace", default=None, help="routing trace .npz in the interchange format (traces/README.md)")

@@ -80,9 +80,58 @@ WEAVE_EVAL_MODELS = (
 )
 
 
+#: Keys of a model spec (`get_model`), in the order of its canonical name, and the preset field each sets.
+SPEC_KEYS = {
+    "E": "num_experts",
+    "k": "top_k",
+    "H": "hidden_size",
+    "I": "expert_ffn_size",
+    "layers": "num_moe_layers",
+    "shared": "num_shared_experts",
+}
+SPEC_HELP = ("BASE:KEY=VALUE:... where BASE is a preset (its geometry with the keys changed) or 'custom' (E, k, H and I required; layers 1 and shared 0 unless given) and the keys are "
+             "E (routed experts), k (top-k), H (hidden size), I (expert FFN size), layers (MoE layers), shared "
+             "(shared experts), e.g. custom:E=64:k=4:H=2048:I=1024:layers=24 or qwen3-30b-a3b:E=256")
+
+
 def get_model(name: str) -> ModelPreset:
-    """Return the preset called `name`; unknown names raise a KeyError listing the known ones."""
-    try:
+    """The geometry called `name`: a preset, or a spec `BASE:KEY=VALUE:...` (SPEC_HELP).
+
+    A spec's preset is named by its canonical spec (the base, then the given keys in SPEC_KEYS order), so the
+    name written into results and trace metadata resolves back to the same geometry anywhere. Unknown preset
+    names raise a KeyError listing the known ones; malformed specs or impossible geometries a ValueError.
+    """
+    name = str(name)
+    if name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}") from None
+    base, sep, rest = name.partition(":")
+    if not sep:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}; or a spec such as "
+                       f"custom:E=64:k=4:H=2048:I=1024 (`weave-sim models` explains the form)")
+    if base != "custom" and base not in PRESETS:
+        raise KeyError(f"model spec {name!r}: unknown base {base!r}; use 'custom' or one of {', '.join(PRESETS)}")
+    values: dict[str, int] = {}
+    for item in rest.split(":"):
+        key, eq, value = item.partition("=")
+        if not eq or key not in SPEC_KEYS:
+            raise ValueError(f"model spec {name!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)}")
+        if key in values:
+            raise ValueError(f"model spec {name!r}: {key} given twice")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise ValueError(f"model spec {name!r}: {key}={value!r} is not an integer") from None
+    if base == "custom":
+        missing = [key for key in ("E", "k", "H", "I") if key not in values]
+        if missing:
+            raise ValueError(f"model spec {name!r}: a custom model needs {', '.join(missing)} too")
+        fields = {"num_moe_layers": 1, "num_shared_experts": 0, "hf_id": ""}
+    else:
+        fields = {**PRESETS[base].to_dict(), "hf_id": ""}
+    fields.update({SPEC_KEYS[key]: v for key, v in values.items()})
+    if fields["num_shared_experts"] < 0:
+        raise ValueError(f"model spec {name!r}: shared must be >= 0")
+    canonical = ":".join([base] + [f"{key}={values[key]}" for key in SPEC_KEYS if key in values])
+    fields["name"] = canonical
+    return ModelPreset(**fields)
+

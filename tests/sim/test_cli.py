@@ -74,3 +74,25 @@ def test_trace_model_mismatch(tmp_path, capsys):
 def test_default_trace_with_other_model_is_an_error(tmp_path, capsys):
     assert main(["costmodel", "--trace", "default", "--model", "deepseek-v3", "--out", str(tmp_path)]) == 2
     assert "mismatch" in capsys.readouterr().err
+
+
+def test_custom_model_spec_end_to_end(tmp_path, capsys):
+    """A geometry that is no preset: simulated directly, and through a generated trace whose metadata names it."""
+    spec = "custom:H=1024:I=512:E=16:k=2:layers=3"
+    assert main(["costmodel", "--model", spec, "--gpus", "2", "--tokens", "256", "--out", str(tmp_path)]) == 0
+    preset = json.loads((tmp_path / "costmodel.json").read_text())["config"]["model_preset"]
+    assert preset["name"] == "custom:E=16:k=2:H=1024:I=512:layers=3"
+    assert (preset["num_experts"], preset["top_k"], preset["hidden_size"], preset["expert_ffn_size"],
+            preset["num_moe_layers"]) == (16, 2, 1024, 512, 3)
+    trace = tmp_path / "t.npz"
+    assert main(["trace", "generate", "--kind", "zipf", "--model", spec, "--tokens", "512", "-o", str(trace)]) == 0
+    assert main(["simulate", "--trace", str(trace), "--gpus", "2", "--tokens", "256", "--no-plots",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "simulate.json").read_text())
+    assert data["config"]["model_preset"]["name"] == preset["name"]
+    assert len(data["results"]["layers"]) == 3
+    capsys.readouterr()
+    assert main(["simulate", "--model", "custom:E=16:k=2", "--out", str(tmp_path)]) == 2
+    assert "needs H, I" in capsys.readouterr().err
+    assert main(["simulate", "--model", "custom:E=6:k=2:H=64:I=64", "--gpus", "4", "--out", str(tmp_path)]) == 2
+    assert "evenly" in capsys.readouterr().err

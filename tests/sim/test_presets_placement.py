@@ -69,3 +69,63 @@ def test_uneven_split_rejected():
         contiguous(10, 4)
     with pytest.raises(ValueError, match="experts"):
         make_placement("explicit", 4, 2, owner=[0, 1, 0])
+
+
+def test_custom_spec_geometry_and_defaults():
+    m = get_model("custom:I=1024:E=64:k=4:H=2048")
+    assert (m.num_experts, m.top_k, m.hidden_size, m.expert_ffn_size) == (64, 4, 2048, 1024)
+    assert (m.num_moe_layers, m.num_shared_experts) == (1, 0)
+    assert m.name == "custom:E=64:k=4:H=2048:I=1024"  # canonical order, whatever order it was given in
+    assert get_model(m.name) == m
+
+
+def test_preset_spec_changes_only_the_given_keys():
+    base, m = get_model("qwen3-30b-a3b"), get_model("qwen3-30b-a3b:layers=2:E=256")
+    assert m.name == "qwen3-30b-a3b:E=256:layers=2"
+    assert (m.num_experts, m.num_moe_layers) == (256, 2)
+    assert (m.top_k, m.hidden_size, m.expert_ffn_size, m.num_shared_experts) == (
+        base.top_k, base.hidden_size, base.expert_ffn_size, base.num_shared_experts)
+    assert get_model("qwen3-30b-a3b") is base  # a plain preset name is still the preset itself
+
+
+@pytest.mark.parametrize("spec, error, match", [
+    ("custom:E=64:k=4", ValueError, "needs H, I"),
+    ("custom:E=64:k=4:H=2048:I=1024:Q=1", ValueError, "KEY=VALUE with KEY one of"),
+    ("custom:E=64:k=4:H=2048:I", ValueError, "KEY=VALUE"),
+    ("custom:E=64:E=32:k=4:H=2048:I=64", ValueError, "E given twice"),
+    ("custom:E=6.5:k=4:H=2048:I=64", ValueError, "not an integer"),
+    ("custom:E=4:k=8:H=2048:I=64", ValueError, "top_k 8 > num_experts 4"),
+    ("custom:E=4:k=2:H=0:I=64", ValueError, "hidden_size must be positive"),
+    ("custom:E=4:k=2:H=64:I=64:shared=-1", ValueError, "shared must be >= 0"),
+    ("qwen3-30b-a3b:", ValueError, "KEY=VALUE"),
+    ("gpt-9:E=4", KeyError, "unknown base 'gpt-9'"),
+    ("gpt-9", KeyError, "or a spec such as"),
+])
+def test_bad_specs_are_clear_errors(spec, error, match):
+    with pytest.raises(error, match=match):
+        get_model(spec)
+
+
+@given(st.sampled_from(["custom", *sorted(PRESETS)]), st.integers(1, 512), st.integers(1, 8),
+       st.integers(1, 16384), st.integers(1, 32768), st.integers(1, 100), st.integers(0, 4),
+       st.lists(st.sampled_from(["E", "k", "H", "I", "layers", "shared"]), unique=True), st.randoms())
+def test_spec_round_trips_through_its_name(base, e, k, h, i, layers, shared, keys, rnd):
+    values = {"E": e, "k": min(k, e), "H": h, "I": i, "layers": layers, "shared": shared}
+    if base == "custom":
+        keys = sorted(set(keys) | {"E", "k", "H", "I"})
+    elif not keys:
+        keys = ["H"]
+    elif "k" in keys and "E" not in keys:
+        values["k"] = min(values["k"], PRESETS[base].num_experts)
+    elif "E" in keys and "k" not in keys:
+        values["E"] = max(e, PRESETS[base].top_k)
+    rnd.shuffle(keys)
+    m = get_model(":".join([base] + [f"{key}={values[key]}" for key in keys]))
+    assert get_model(m.name) == m
+    expect = {**(PRESETS[base].to_dict() if base != "custom" else {"num_moe_layers": 1, "num_shared_experts": 0})}
+    fields = {"E": "num_experts", "k": "top_k", "H": "hidden_size", "I": "expert_ffn_size",
+              "layers": "num_moe_layers", "shared": "num_shared_experts"}
+    expect.update({fields[key]: values[key] for key in keys})
+    for field, value in expect.items():
+        if field not in ("name", "hf_id"):
+            assert getattr(m, field) == value, field

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from weave_sim.presets import PRESETS, get_model
+from weave_sim.presets import PRESETS, SPEC_HELP, get_model
 from weave_sim.traces.format import (RoutingTrace, TraceError, choose_model, load_trace, open_numpy_file,
                                      parse_metadata, save_trace, validate_trace)
 from weave_sim.traces.generators import GENERATORS, generate
@@ -28,13 +28,13 @@ def add_trace_commands(subparsers) -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="per-layer expert-load imbalance of a trace file")
     stats.add_argument("file", type=Path, help="trace in the interchange format (.npz)")
-    stats.add_argument("--model", choices=sorted(PRESETS), help="model, if the file's metadata has none")
+    stats.add_argument("--model", help="model (preset or spec), if the file's metadata has none")
     stats.add_argument("--json", type=Path, metavar="OUT", help="also write the statistics as JSON")
     stats.set_defaults(func=_guarded(cmd_stats))
 
     gen = commands.add_parser("generate", help="write a seeded synthetic trace for a model")
     gen.add_argument("--kind", required=True, choices=sorted(GENERATORS), help="generator")
-    gen.add_argument("--model", required=True, choices=sorted(PRESETS), help="model geometry")
+    gen.add_argument("--model", required=True, help=f"model geometry: a preset ({', '.join(PRESETS)}) or a spec {SPEC_HELP}")
     gen.add_argument("--tokens", type=int, required=True, help="number of tokens")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
@@ -46,7 +46,7 @@ def add_trace_commands(subparsers) -> argparse.ArgumentParser:
     conv = commands.add_parser("convert", help="rewrite an npz or .npy of topk_ids in the interchange format")
     conv.add_argument("input", type=Path, help=".npz with topk_ids (other keys dropped) or .npy of topk_ids")
     conv.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
-    conv.add_argument("--model", choices=sorted(PRESETS), help="model (required unless the metadata names it)")
+    conv.add_argument("--model", help="model, preset or spec (required unless the metadata names it)")
     conv.add_argument("--source", help="where the data comes from (metadata 'source')")
     conv.add_argument("--license", help="its license (metadata 'license')")
     conv.set_defaults(func=_guarded(cmd_convert))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from weave_sim.presets import PRESETS, ModelPreset
+from weave_sim.presets import PRESETS, ModelPreset, get_model
 
 #: Keys of the interchange format; everything else in an npz is ignored on load.
 TRACE_KEYS = ("topk_ids", "topk_probs", "request_id", "position", "metadata")
@@ -108,13 +108,15 @@ class RoutingTrace:
 
 
 def resolve_model(name: str, where: str = "") -> ModelPreset:
-    """The preset for a preset name or its Hugging Face id; unknown names raise TraceError."""
-    if name in PRESETS:
-        return PRESETS[name]
+    """The preset for a preset name, its Hugging Face id or a model spec (presets.get_model); unknown names and
+    bad specs raise TraceError."""
     for preset in PRESETS.values():
         if preset.hf_id and preset.hf_id.lower() == str(name).lower():
             return preset
-    raise TraceError(f"{where}unknown model {name!r}; known models: {', '.join(PRESETS)}")
+    try:
+        return get_model(name)
+    except (KeyError, ValueError) as exc:
+        raise TraceError(f"{where}{exc.args[0] if exc.args else exc}") from None
 
 
 def validate_trace(trace: RoutingTrace, preset: ModelPreset, where: str = "") -> None:
