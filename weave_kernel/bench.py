@@ -431,13 +431,19 @@ def ab_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def label_width(rows: list[dict]) -> int:
+    """Width of the model column: 20, or more for long names (model specs)."""
+    return max([20] + [len(config_label(r["model"], r.get("layer"))) + 1 for r in rows])
+
+
 def format_table(rows: list[dict], header: str) -> str:
-    lines = [header, f"{'model':<20}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
+    w = label_width(rows)
+    lines = [header, f"{'model':<{w}}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
              f"{'x ref':>7}{'x seq':>7}{'LB ms':>8}{'%LB':>6}{'GB/s':>7}{'TF/s':>7}{'err':>9}"]
     for r in rows:
         lat = r["latency_ms"]
         b = r["best_static"]
-        lines.append(f"{config_label(r['model'], r.get('layer')):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
+        lines.append(f"{config_label(r['model'], r.get('layer')):<{w}}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
                      f"{lat.get('sequential', float('nan')):>9.3f}"
                      f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential'] or float('nan'):>7.2f}"
                      f"{r['lower_bound_ms']:>8.3f}{100 * r['fraction_of_lower_bound']:>6.1f}"
@@ -447,7 +453,8 @@ def format_table(rows: list[dict], header: str) -> str:
 
 def format_weave_table(rows: list[dict]) -> str:
     """weave vs the best static:C (after the fact, per config) vs static:20 vs the reference."""
-    lines = [f"{'model':<20}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
+    w = label_width(rows)
+    lines = [f"{'model':<{w}}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
              f"{'best weave:C':>14}{'ms':>8}{'w/best':>8}{'w/st20':>8}{'w/ref':>7}{'%LB':>6}  c*,K* per rank (agree)"]
     for r in rows:
         if "weave_vs_best_static" not in r:
@@ -458,7 +465,7 @@ def format_weave_table(rows: list[dict]) -> str:
         s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
         w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
         bw_ms = f"{lat[bw]:>8.3f}" if bw else f"{'-':>8}"
-        lines.append(f"{config_label(r['model'], r.get('layer')):<20}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
+        lines.append(f"{config_label(r['model'], r.get('layer')):<{w}}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
                      f"{lat['weave']:>8.3f}{(bw or '-'):>14}{bw_ms}"
                      f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
                      f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")

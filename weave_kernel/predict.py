@@ -127,12 +127,13 @@ def main(argv=None) -> int:
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
           f"scheduling, routing {spec.describe()}, seed {args.seed}; predicted ms")
-    print(f"{'EP':>3} {'model':>20} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
+    w = max([20] + [len(config_label(r["model"], r["layer"])) for r in rows])
+    print(f"{'EP':>3} {'model':>{w}} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
     for r in rows:
         ms = r["predicted_ms"]
         label = config_label(r["model"], r["layer"])
-        print(f"{r['gpus']:>3} {label:>20} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
+        print(f"{r['gpus']:>3} {label:>{w}} {r['tokens_per_gpu']:>6} {ms['static:20']:>10.3f} "
               f"{ms[r['best_static']]:>8.3f} ({r['best_static']:>9}) {ms['weave']:>8.3f} "
               f"{r['weave_vs_static20']:>7.3f}x {r['weave_vs_best_static']:>7.3f}x {r['weave_fraction_of_bound']:>8.1%} "
               + (f"{r['regret']:>6.1%} ({r['best_weave']})" if r["regret"] is not None else ""))

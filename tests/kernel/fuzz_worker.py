@@ -56,7 +56,7 @@ def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
     the presets' size (up to 128 experts per rank, H up to 7168, 8192 tokens per rank)."""
     rng = np.random.default_rng([seed, index, int(big)])
     max_tokens_cap, max_elems = (2 * MAX_TOKENS, BIG_WEIGHT_ELEMS) if big else (MAX_TOKENS, MAX_WEIGHT_ELEMS)
-    world = int(rng.choice([1, 2, 2, 3, 4, 4, 5, 6, 8]))
+    world = int(rng.choice([1, 2, 2, 3, 4, 4, 5, 6, 7, 8]))
     max_ctas = sms // world
     ctas = max_ctas if rng.random() < 0.7 else int(rng.integers(max(2, world), max_ctas + 1))
     per_rank = int(rng.choice([16, 32, 64, 128] if big else [1, 2, 3, 4, 6, 8, 16, 32]))

@@ -50,6 +50,8 @@ def test_cuda_graph_option_takes_three_modes():
 @pytest.mark.parametrize("argv, match", [
     (["--ab-csrc", "x", "--ab-cost-profile", "h200"], "give one"),
     (["--ab-cost-profile", "no-such-profile"], "no hardware profile"),
+    (["--models", "qwen3-30b-a3b,custom:E=4"], "needs k, H, I"),
+    (["--models", "gpt-9"], "unknown model"),
 ])
 def test_ab_cost_profile_options_fail_before_touching_a_gpu(argv, match):
     from weave_kernel.bench import main
@@ -70,3 +72,15 @@ def test_weave_summary_without_static20_or_a_sweep():
     assert g["weave_fraction_of_lower_bound_4096_mean"] == 0.5 and g["choice_agreement"] == "1/1"
     line = format_weave_table([row]).splitlines()[1]
     assert "nan" not in line and line.split()[7:9] == ["-", "-"]  # best weave:C and its ms
+
+
+def test_tables_keep_their_columns_for_long_model_specs():
+    """A model spec is longer than a preset name: the model column widens instead of running into the next."""
+    row = {"model": "custom:E=32:k=4:H=1024:I=512:layers=2", "tokens_per_gpu": 4096,
+           "latency_ms": {"reference": 1.0, "static:8": 0.5, "weave": 0.4}, "best_static": "static:8",
+           "weave_vs_best_static": 1.25, "weave_vs_static20": None, "weave_vs_reference": 2.5,
+           "speedup_best_static": 2.0, "weave_fraction_of_lower_bound": 0.5,
+           "weave_choice": {"kernel": [{"c_star": 1, "k_star": 1}], "agrees": [True]}}
+    head, line = format_weave_table([row]).splitlines()
+    assert line.split()[:2] == [row["model"], "4096"]
+    assert line.index("4096") + 4 == head.index("tok/GPU") + len("tok/GPU")  # right-aligned under its header
