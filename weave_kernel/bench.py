@@ -46,7 +46,7 @@ from .reference import ep_moe_reference
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
-from .validate import check_geometry
+from .geometry import check_geometry
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)

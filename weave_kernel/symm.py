@@ -79,7 +79,13 @@ def init_ranks() -> tuple[int, int, torch.device]:
 
     import torch.distributed as dist
 
+    if not torch.cuda.is_available():
+        raise SystemExit("the megakernel needs CUDA GPUs (Hopper) and this torch sees none; the simulator side "
+                         "(weave-sim, python -m weave_kernel.predict / whatif / gap) runs on any CPU machine")
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))))
+    if dev.index >= torch.cuda.device_count():
+        raise SystemExit(f"LOCAL_RANK {dev.index} but this machine has {torch.cuda.device_count()} GPUs: "
+                         f"torchrun --nproc_per_node must not exceed them")
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     return dist.get_rank(), dist.get_world_size(), dev

@@ -3,27 +3,7 @@ from __future__ import annotations
 
 import torch
 
-DIM_ALIGN = 64        # H and I must be multiples of this (one GEMM0 tile owns 64 h columns; K steps of 64)
-MAX_EXPERTS = 512     # shared-memory layout tables in the kernel
-MAX_RANKS = 8
-MAX_RANK_EXPERTS = 2048  # world x num_experts: the count matrix the kernel keeps in shared memory
-
-
-def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world: int, placement_gpus: int) -> None:
-    """Raise ValueError when the layer geometry is outside what the kernel supports."""
-    if hidden <= 0 or inter <= 0 or hidden % DIM_ALIGN or inter % DIM_ALIGN:
-        raise ValueError(f"hidden ({hidden}) and expert_ffn ({inter}) must be positive multiples of {DIM_ALIGN}")
-    if placement_gpus != world:
-        raise ValueError(f"placement is for {placement_gpus} GPUs but the process group has {world} ranks")
-    if not 1 <= world <= MAX_RANKS:
-        raise ValueError(f"world size {world} outside [1, {MAX_RANKS}]")
-    if num_experts > MAX_EXPERTS or num_experts % world:
-        raise ValueError(f"num_experts {num_experts} must be <= {MAX_EXPERTS} and a multiple of the world size {world}")
-    if world * num_experts > MAX_RANK_EXPERTS:
-        raise ValueError(f"world size x num_experts = {world} x {num_experts} exceeds {MAX_RANK_EXPERTS} (the kernel's "
-                         f"shared-memory count matrix); use fewer experts per layer or fewer ranks")
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
+from .geometry import DIM_ALIGN, MAX_EXPERTS, MAX_RANK_EXPERTS, MAX_RANKS, check_geometry  # noqa: F401
 
 
 def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:

@@ -28,7 +28,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         for m in PRESETS.values()
     ]
     print(format_table(["model", "experts", "top_k", "hidden", "ffn", "shared", "layers", "weave-eval"], rows))
-    print("\n" + textwrap.fill(f"Any --model / --models flag also takes a spec: {SPEC_HELP}.", 110))
+    print("\nweave-eval: one of the six models of the Weave paper's evaluation (the kernel benchmark's defaults).")
+    print(textwrap.fill(f"Any --model / --models flag also takes a spec: {SPEC_HELP}.", 110))
     return 0
 
 
@@ -121,7 +122,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              f"{100 * v['median_error']:+.1f}%", v["points_over_15pct"]] for p, v in by_policy.items()],
                            "prediction error by policy (+ = predicted slower than measured)"))
     summary = summarize(rows)
-    print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
+    print("summary: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {'n/a' if v is None else v}"
+                                  for k, v in summary.items()))
     path = write_json(args.out / "validate.json", {"config": {k: v for k, v in vars(args).items() if not callable(v)}, "summary": summary,
                                                    "by_policy": by_policy, "warnings": warnings,
                                                    "configs": [r.to_dict() for r in rows]})

@@ -14,6 +14,7 @@ import numpy as np
 from .placement import Placement, make_placement
 from .presets import PRESETS, SPEC_HELP, ModelPreset, get_model
 from .profile import HardwareProfile, load_profile
+from .traces.generators import GENERATORS
 
 DEFAULT_MODEL = "gpt-oss-20b"
 DEFAULT_OUT = Path("weave-out")
@@ -42,6 +43,8 @@ class RunConfig:
             raise ValueError("--gpus must be >= 1")
         if self.tokens_per_gpu < 1:
             raise ValueError("--tokens must be >= 1")
+        if self.seed < 0:
+            raise ValueError("--seed must be >= 0")
         if self.mode not in ("prefill", "decode"):
             raise ValueError("--mode must be prefill or decode")
 
@@ -62,8 +65,13 @@ class Resolved:
     routing_source: str
 
     def describe(self) -> dict:
+        config = self.config.to_dict()
+        config["model"] = self.model.name  # the model run, also where the flag was left to the trace
+        if self.config.trace is not None:  # a trace's batch: no generator ran
+            config["synthetic"] = None
+            config["synthetic_params"] = None
         return {
-            **self.config.to_dict(),
+            **config,
             "model_preset": self.model.to_dict(),
             "placement_owner": self.placement.owner.tolist(),
             "profile_name": self.profile.name,
@@ -73,28 +81,39 @@ class Resolved:
         }
 
 
+#: Most routing entries (tokens x MoE layers x top-k) a run generates or forms: 2 GiB of int64.
+MAX_ROUTING_ENTRIES = 1 << 28
+
+
 def resolve(cfg: RunConfig) -> Resolved:
-    """Load everything a run needs; any inconsistency raises ValueError with a clear message."""
+    """Load everything a run needs; any inconsistency raises ValueError with a clear message (the cheap checks
+    before any routing is generated or formed)."""
     from . import traces
 
     profile = load_profile(cfg.profile)
     num_tokens = cfg.num_gpus * cfg.tokens_per_gpu
+    trace = None
     if cfg.trace is not None:
-        path = traces.DEFAULT_TRACE if cfg.trace == "default" else cfg.trace
-        trace = traces.load_trace(path, model=cfg.model)  # a --model that contradicts the trace is an error
-        model = get_model(trace.model or cfg.model or DEFAULT_MODEL)
+        trace = traces.load_trace(traces.DEFAULT_TRACE if cfg.trace == "default" else cfg.trace,
+                                  model=cfg.model)  # a --model that contradicts the trace is an error
+    model = get_model((trace.model if trace is not None else None) or cfg.model or DEFAULT_MODEL)
+    placement = make_placement(cfg.placement, model.num_experts, cfg.num_gpus)
+    num_layers = model.num_moe_layers
+    layer_ids = np.arange(num_layers) if cfg.layers is None else np.asarray(cfg.layers)
+    if layer_ids.size == 0 or layer_ids.min() < 0 or layer_ids.max() >= num_layers:
+        raise ValueError(f"--layers must lie in [0, {num_layers})")
+    if num_tokens * num_layers * model.top_k > MAX_ROUTING_ENTRIES:
+        raise ValueError(f"{num_tokens} tokens x {num_layers} layers x top-{model.top_k} is more routing than a "
+                         f"run holds ({MAX_ROUTING_ENTRIES} entries): use fewer --gpus / --tokens, or a model with "
+                         f"fewer layers")
+    if trace is not None:
         routing = traces.routing_for(model, num_tokens, trace=trace, mode=cfg.mode, seed=cfg.seed)
         source = f"trace {cfg.trace} ({cfg.mode} batch)"
     else:
-        model = get_model(cfg.model or DEFAULT_MODEL)
         routing = traces.routing_for(
             model, num_tokens, synthetic=cfg.synthetic, mode=cfg.mode, seed=cfg.seed, **cfg.synthetic_params
         )
         source = f"synthetic {cfg.synthetic} seed {cfg.seed}"
-    placement = make_placement(cfg.placement, model.num_experts, cfg.num_gpus)
-    layer_ids = np.arange(routing.shape[1]) if cfg.layers is None else np.asarray(cfg.layers)
-    if layer_ids.size == 0 or layer_ids.min() < 0 or layer_ids.max() >= routing.shape[1]:
-        raise ValueError(f"--layers must lie in [0, {routing.shape[1]})")
     return Resolved(cfg, model, placement, profile, np.asarray(routing)[:, layer_ids, :], layer_ids, source)
 
 
@@ -105,13 +124,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=4, help="GPUs in the EP group (default 4)")
     p.add_argument("--tokens", type=int, default=2048, help="tokens per GPU (default 2048)")
     p.add_argument("--trace", default=None, help="routing trace .npz in the interchange format (traces/README.md)")
-    p.add_argument("--synthetic", default=None, help="synthetic routing kind (uniform, zipf, dirichlet, drifting, fitted)")
+    p.add_argument("--synthetic", default=None,
+                   help=f"synthetic routing kind ({', '.join(sorted(GENERATORS))}; docs/traces.md)")
     p.add_argument("--mode", default="prefill", choices=["prefill", "decode"], help="batch formation from a trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="h200", help="hardware profile name or JSON path (default h200)")
     p.add_argument("--placement", default="contiguous", choices=["contiguous", "round-robin"])
     p.add_argument("--layers", default=None, help="comma-separated MoE layer ids (default all)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON, traces and plots")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON results (simulate: also its Chrome trace and plots)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -122,7 +142,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         trace = "default"
     else:
         trace = None
-    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    if args.trace is not None and args.synthetic is not None:
+        raise ValueError("give --trace or --synthetic, not both")
+    layers = None
+    if args.layers:
+        try:
+            layers = tuple(int(x) for x in args.layers.split(","))
+        except ValueError:
+            raise ValueError(f"--layers must be comma-separated layer numbers, got {args.layers!r}") from None
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"--layers names a layer twice: {args.layers}")
     return RunConfig(
         model=args.model, num_gpus=args.gpus, tokens_per_gpu=args.tokens, trace=trace,
         synthetic=args.synthetic or "zipf", mode=args.mode, seed=args.seed, profile=args.profile,

@@ -4,6 +4,7 @@ Numbers come from the models' public configs (see docs/models.md); only what the
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 
@@ -31,9 +32,9 @@ class ModelPreset:
     def __post_init__(self) -> None:
         for field in ("hidden_size", "expert_ffn_size", "num_experts", "top_k", "num_moe_layers"):
             if getattr(self, field) <= 0:
-                raise ValueError(f"preset {self.name}: {field} must be positive")
+                raise ValueError(f"model {self.name}: {field} must be positive")
         if self.top_k > self.num_experts:
-            raise ValueError(f"preset {self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
+            raise ValueError(f"model {self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
 
     @property
     def flops_per_pair(self) -> int:
@@ -80,6 +81,17 @@ WEAVE_EVAL_MODELS = (
 )
 
 
+class UnknownModelError(KeyError):
+    """An unknown model name (a KeyError whose message prints without KeyError's quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+#: Upper bounds of a spec's values: far above any real MoE layer, low enough that a typo fails at once instead of
+#: allocating routing or simulating for minutes.
+SPEC_MAX = {"E": 8192, "k": 256, "H": 131072, "I": 131072, "layers": 1024, "shared": 64}
+
 #: Keys of a model spec (`get_model`), in the order of its canonical name, and the preset field each sets.
 SPEC_KEYS = {
     "E": "num_experts",
@@ -91,7 +103,8 @@ SPEC_KEYS = {
 }
 SPEC_HELP = ("BASE:KEY=VALUE:... where BASE is a preset (its geometry with the keys changed) or 'custom' (E, k, H and I required; layers 1 and shared 0 unless given) and the keys are "
              "E (routed experts), k (top-k), H (hidden size), I (expert FFN size), layers (MoE layers), shared "
-             "(shared experts), e.g. custom:E=64:k=4:H=2048:I=1024:layers=24 or qwen3-30b-a3b:E=256")
+             "(shared experts: recorded, not simulated, as for the presets: they run locally, outside dispatch and combine), "
+             "e.g. custom:E=64:k=4:H=2048:I=1024:layers=24 or qwen3-30b-a3b:E=256")
 
 
 def get_model(name: str) -> ModelPreset:
@@ -106,10 +119,10 @@ def get_model(name: str) -> ModelPreset:
         return PRESETS[name]
     base, sep, rest = name.partition(":")
     if not sep:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}; or a spec such as "
+        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}; or a spec such as "
                        f"custom:E=64:k=4:H=2048:I=1024 (`weave-sim models` explains the form)")
     if base != "custom" and base not in PRESETS:
-        raise KeyError(f"model spec {name!r}: unknown base {base!r}; use 'custom' or one of {', '.join(PRESETS)}")
+        raise UnknownModelError(f"model spec {name!r}: unknown base {base!r}; use 'custom' or one of {', '.join(PRESETS)}")
     values: dict[str, int] = {}
     for item in rest.split(":"):
         key, eq, value = item.partition("=")
@@ -117,10 +130,11 @@ def get_model(name: str) -> ModelPreset:
             raise ValueError(f"model spec {name!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)}")
         if key in values:
             raise ValueError(f"model spec {name!r}: {key} given twice")
-        try:
-            values[key] = int(value)
-        except ValueError:
-            raise ValueError(f"model spec {name!r}: {key}={value!r} is not an integer") from None
+        if not re.fullmatch(r"0|[1-9][0-9]*", value):
+            raise ValueError(f"model spec {name!r}: {key}={value!r} is not a plain decimal integer")
+        values[key] = int(value)
+        if values[key] > SPEC_MAX[key]:
+            raise ValueError(f"model spec {name!r}: {key}={value} is above its limit {SPEC_MAX[key]}")
     if base == "custom":
         missing = [key for key in ("E", "k", "H", "I") if key not in values]
         if missing:
@@ -129,8 +143,6 @@ def get_model(name: str) -> ModelPreset:
     else:
         fields = {**PRESETS[base].to_dict(), "hf_id": ""}
     fields.update({SPEC_KEYS[key]: v for key, v in values.items()})
-    if fields["num_shared_experts"] < 0:
-        raise ValueError(f"model spec {name!r}: shared must be >= 0")
     canonical = ":".join([base] + [f"{key}={values[key]}" for key in SPEC_KEYS if key in values])
     fields["name"] = canonical
     return ModelPreset(**fields)

@@ -39,6 +39,9 @@ def _layer_outputs(res, result, layer_pos: int, oracle: bool) -> list:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     res = resolve(config_from_args(args))
+    if args.timeline_layer is not None and not args.no_plots and args.timeline_layer not in res.layer_ids:
+        raise ValueError(f"--timeline-layer {args.timeline_layer} is not among the simulated layers "
+                         f"({', '.join(map(str, res.layer_ids))})")
     t0 = time.perf_counter()
     result = simulate_model(res.routing, res.model, res.placement, res.profile, args.policy,
                             seed=res.config.seed, progress=_progress(args))
@@ -56,6 +59,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if not args.no_plots:
         slowest = int(np.argmax([r.latency_ns for r in result.layers])) if args.timeline_layer is None else \
             int(np.flatnonzero(res.layer_ids == args.timeline_layer)[0])
+        if not args.quiet:
+            print(f"# writing the Chrome trace and plots of layer {int(res.layer_ids[slowest])} (--no-plots skips them)",
+                  flush=True)
         files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle)
     payload = {"config": {**res.describe(), "policy": args.policy}, "results": result.to_dict(),
                "lower_bound_us": (bound / 1e3).tolist(), "wall_s": wall_s, "files": [str(f) for f in files]}
@@ -67,7 +73,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     res = resolve(config_from_args(args))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    grid = tuple(int(c) for c in args.static_grid.split(","))
+    try:
+        grid = tuple(int(c) for c in args.static_grid.split(","))
+    except ValueError:
+        raise ValueError(f"--static-grid must be comma-separated integers, got {args.static_grid!r}") from None
+    sms = res.profile.num_sms
+    if not grid or min(grid) < 1 or max(grid) >= sms:
+        raise ValueError(f"--static-grid values must lie in [1, {sms - 1}] (the profile's {sms} SMs), got {args.static_grid}")
     table = sweep(res.routing, res.model, res.placement, res.profile, policies, static_grid=grid,
                   seed=res.config.seed, progress=_progress(args))
     table.layers = [int(x) for x in res.layer_ids]
@@ -91,7 +103,8 @@ def add_sim_commands(sub) -> None:
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("sweep", help="policies x layers table with speedups vs sequential and the best static split")
     add_run_arguments(p)
-    p.add_argument("--policies", default="sequential,static:20,weave,oracle:fast")
+    p.add_argument("--policies", default="sequential,static:20,weave,oracle:fast",
+                   help=f"comma-separated, each one of {policy_names()} (static:C, weave:C; default %(default)s)")
     p.add_argument("--static-grid", default="4,8,12,16,20,24,32,48,64", help="C values for the best static split")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)

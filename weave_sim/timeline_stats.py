@@ -19,6 +19,8 @@ def load_events(trace) -> list[dict]:
             trace = json.loads(Path(trace).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read Chrome trace {trace}: {exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"cannot read Chrome trace {trace}: not a text (JSON) file") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace: no traceEvents list")
@@ -33,7 +35,12 @@ def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None)
     clip events to the window. With "count_exchange" on a megakernel trace that is the moment the GPU holds
     every rank's counts, so a rank that entered the layer earlier and waited for its peers (launch skew of a
     single traced call) is measured over the layer proper. A GPU without such an event keeps its full span."""
+    if num_sms is not None and num_sms < 1:
+        raise ValueError(f"the SM count must be >= 1, got {num_sms}")
     events = load_events(trace)
+    if start_kind is not None and not any(e["name"] == start_kind for e in events):
+        raise ValueError(f"no event named {start_kind!r} in the trace to start from (kinds: "
+                         f"{', '.join(sorted({e['name'] for e in events}))})")
     starts: dict[int, float] = {}
     if start_kind is not None:
         last: dict[tuple[int, int], float] = {}
@@ -62,6 +69,8 @@ def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None)
     out = {}
     for pid, g in sorted(per.items()):
         span = g["t1"] - g["t0"] if g["t1"] > g["t0"] else 0.0
+        if num_sms is not None and num_sms < g["sms"]:
+            raise ValueError(f"GPU {pid} has events on SM {g['sms'] - 1}, so it has more than the {num_sms} SMs given")
         sms = num_sms or g["sms"]
         work = sum(v for k, v in g["by_kind"].items() if k not in IDLE_KINDS)
         out[pid] = {"span_us": span, "num_sms": sms, "busy_fraction": work / (span * sms) if span > 0 else 0.0,

@@ -213,7 +213,13 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
-    if not data.get("results"):
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read kernel benchmark results {path}: not a text (JSON) file") from None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in results):
+        raise ValueError(f"{path} is not a kernel benchmark file (python -m weave_kernel.bench writes one: "
+                         f"'results', each with 'latency_ms')")
+    if not results:
         raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from weave_kernel.bench import ab_summary, format_weave_table, graph_summary, parse_args, ratio, weave_geomeans
 from weave_kernel.build import CSRC, load_extension, other_name
@@ -84,3 +85,11 @@ def test_tables_keep_their_columns_for_long_model_specs():
     head, line = format_weave_table([row]).splitlines()
     assert line.split()[:2] == [row["model"], "4096"]
     assert line.index("4096") + 4 == head.index("tok/GPU") + len("tok/GPU")  # right-aligned under its header
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine this would start the benchmark")
+def test_bench_without_cuda_says_so():
+    from weave_kernel.bench import main
+
+    with pytest.raises(SystemExit, match="needs CUDA GPUs"):
+        main(["--models", "qwen3-30b-a3b", "--tokens", "128"])

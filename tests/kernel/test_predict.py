@@ -59,7 +59,14 @@ def test_geomean_and_cli_errors(capsys):
     assert geomean([None, 3.0]) == pytest.approx(3.0)
     with pytest.raises(SystemExit):
         main(["--gpus", "3", "--models", "qwen3-30b-a3b"])  # 128 experts do not split over 3 GPUs
-    assert "do not split" in capsys.readouterr().err
+    assert "multiple of the world size 3" in capsys.readouterr().err
+    for argv, words in [(["--gpus", "0"], "world size 0"), (["--gpus", "2,16"], "world size 16"),
+                        (["--tokens", "0"], "--tokens must be >= 1"),
+                        (["--models", "custom:E=64:k=4:H=100:I=64", "--gpus", "2"], "multiples of 64"),
+                        (["--models", "qwen3-30b-a3b", "--routing-trace", "default"], "model mismatch")]:
+        with pytest.raises(SystemExit):  # a usage error before any worker starts, not a worker's traceback
+            main(argv)
+        assert words in capsys.readouterr().err, argv
     with pytest.raises(SystemExit):
         main(["--gemm-scale", "0"])
 

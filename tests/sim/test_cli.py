@@ -96,3 +96,37 @@ def test_custom_model_spec_end_to_end(tmp_path, capsys):
     assert "needs H, I" in capsys.readouterr().err
     assert main(["simulate", "--model", "custom:E=6:k=2:H=64:I=64", "--gpus", "4", "--out", str(tmp_path)]) == 2
     assert "evenly" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", "--layers", "0", "--timeline-layer", "5"], "not among the simulated layers"),
+    (["simulate", "--layers", "0,0"], "names a layer twice"),
+    (["simulate", "--layers", "a"], "comma-separated layer numbers"),
+    (["simulate", "--seed", "-1"], "--seed must be >= 0"),
+    (["simulate", "--trace", "default", "--synthetic", "uniform"], "not both"),
+    (["simulate", "--model", "custom:E=64:k=8:H=64:I=64:layers=1024", "--tokens", "100000"], "more routing"),
+    (["sweep", "--static-grid", "500"], "--static-grid values must lie in [1, 131]"),
+])
+def test_run_flag_errors_are_one_line(tmp_path, capsys, argv, words):
+    assert main(argv + ["--gpus", "2", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_timeline_stats_and_validate_refuse_what_they_cannot_read(tmp_path, capsys):
+    assert main(["simulate", "--gpus", "2", "--tokens", "128", "--layers", "0", "--no-oracle", "--quiet",
+                 "--out", str(tmp_path)]) == 0
+    trace = str(tmp_path / "timeline-layer0.json")
+    for argv, words in [(["timeline-stats", trace, "--sms", "10"], "more than the 10 SMs"),
+                        (["timeline-stats", trace, "--sms", "0"], "must be >= 1"),
+                        (["timeline-stats", trace, "--from", "nosuch"], "no event named 'nosuch'"),
+                        (["timeline-stats", str(tmp_path / "gantt-layer0.png")], "not a text (JSON) file"),
+                        (["validate", str(tmp_path / "simulate.json")], "not a kernel benchmark file"),
+                        (["validate", str(tmp_path / "gantt-layer0.png")], "not a text (JSON) file")]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        assert words in capsys.readouterr().err, argv
+    capsys.readouterr()
+    assert main(["timeline-stats", trace, "--sms", "132"]) == 0
+    config = json.loads((tmp_path / "simulate.json").read_text())["config"]
+    assert config["model"] == "gpt-oss-20b" and config["synthetic"] is None  # the shipped trace's model, no generator

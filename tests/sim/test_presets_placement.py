@@ -29,8 +29,9 @@ def test_all_required_presets_exist_with_paper_geometry():
 
 
 def test_unknown_model_names_known_ones():
-    with pytest.raises(KeyError, match="deepseek-v3"):
+    with pytest.raises(KeyError, match="deepseek-v3") as err:
         get_model("gpt-5")
+    assert str(err.value).startswith("unknown model 'gpt-5'")  # no KeyError quotes around the message
 
 
 def test_bad_preset_rejected():
@@ -93,10 +94,12 @@ def test_preset_spec_changes_only_the_given_keys():
     ("custom:E=64:k=4:H=2048:I=1024:Q=1", ValueError, "KEY=VALUE with KEY one of"),
     ("custom:E=64:k=4:H=2048:I", ValueError, "KEY=VALUE"),
     ("custom:E=64:E=32:k=4:H=2048:I=64", ValueError, "E given twice"),
-    ("custom:E=6.5:k=4:H=2048:I=64", ValueError, "not an integer"),
+    ("custom:E=6.5:k=4:H=2048:I=64", ValueError, "not a plain decimal integer"),
+    ("custom:E=+64:k=4:H=2048:I=64", ValueError, "not a plain decimal integer"),
+    ("custom:E=64:k=4:H=2048:I=64:layers=100000", ValueError, "above its limit 1024"),
     ("custom:E=4:k=8:H=2048:I=64", ValueError, "top_k 8 > num_experts 4"),
     ("custom:E=4:k=2:H=0:I=64", ValueError, "hidden_size must be positive"),
-    ("custom:E=4:k=2:H=64:I=64:shared=-1", ValueError, "shared must be >= 0"),
+    ("custom:E=4:k=2:H=64:I=64:shared=-1", ValueError, "not a plain decimal integer"),
     ("qwen3-30b-a3b:", ValueError, "KEY=VALUE"),
     ("gpt-9:E=4", KeyError, "unknown base 'gpt-9'"),
     ("gpt-9", KeyError, "or a spec such as"),

@@ -93,7 +93,8 @@ def _bad_cases(tmp_path):
         cases.append((name, path, model, words))
 
     case("empty_file", ["empty"], raw=b"")
-    case("not_npz", ["not a readable npz"], raw=b"this is a text file, not a zip archive\n")
+    case("not_npz", ["not in numpy's npz or .npy format"], raw=b"this is a text file, not a zip archive\n")
+    case("broken_zip", ["not a readable npz"], raw=b"PK\x03\x04 a zip header and nothing of a zip after it\n")
     case("missing_ids", ["missing", "topk_ids"], topk_ids=None)
     case("rank2", ["rank 3"], topk_ids=ids[:, :, 0])
     case("float_ids", ["integer"], topk_ids=ids.astype(np.float32))

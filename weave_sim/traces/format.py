@@ -161,6 +161,10 @@ def open_numpy_file(path: Path, what: str = "trace file", formats: str = "npz fi
         raise TraceError(f"{what} is a directory, not a file: {path}")
     if path.stat().st_size == 0:
         raise TraceError(f"{path}: empty file")
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if not (head.startswith(b"PK") or head == b"\x93NUMPY"):  # a zip (npz) or an .npy array; numpy would call
+        raise TraceError(f"{path}: not in numpy's npz or .npy format (expected: {formats})")  # else: "a pickle"
     try:
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
