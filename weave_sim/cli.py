@@ -63,7 +63,7 @@ def analytic_table(res) -> tuple[list[str], list[list], dict]:
 def cmd_costmodel(args: argparse.Namespace) -> int:
     res = resolve(config_from_args(args))
     headers, rows, payload = analytic_table(res)
-    title = (f"analytic cost model: {res.model.name}, {res.placement.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
+    title = (f"analytic cost model: {res.model.name}, {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
              f"profile {res.profile.name}, routing {res.routing_source}")
     print(format_table(headers, rows, title))
     t = payload["totals_us"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .placement import Placement, make_placement
+from .placement import PLACEMENTS, Placement, balanced_per_layer, make_placement
 from .presets import PRESETS, SPEC_HELP, ModelPreset, get_model
 from .profile import HardwareProfile, load_profile
 from .traces.generators import GENERATORS
@@ -58,7 +58,7 @@ class RunConfig:
 class Resolved:
     config: RunConfig
     model: ModelPreset
-    placement: Placement
+    placement: Placement | list[Placement]  # one per selected layer under --placement balanced
     profile: HardwareProfile
     routing: np.ndarray  # int64 [num_gpus * tokens_per_gpu, num_layers_selected, top_k]
     layer_ids: np.ndarray  # which MoE layers `routing` holds
@@ -73,7 +73,8 @@ class Resolved:
         return {
             **config,
             "model_preset": self.model.to_dict(),
-            "placement_owner": self.placement.owner.tolist(),
+            "placement_owner": (self.placement.owner.tolist() if isinstance(self.placement, Placement)
+                                else [p.owner.tolist() for p in self.placement]),  # per layer (balanced)
             "profile_name": self.profile.name,
             "profile_version": self.profile.version,
             "routing_source": self.routing_source,
@@ -97,7 +98,8 @@ def resolve(cfg: RunConfig) -> Resolved:
         trace = traces.load_trace(traces.DEFAULT_TRACE if cfg.trace == "default" else cfg.trace,
                                   model=cfg.model)  # a --model that contradicts the trace is an error
     model = get_model((trace.model if trace is not None else None) or cfg.model or DEFAULT_MODEL)
-    placement = make_placement(cfg.placement, model.num_experts, cfg.num_gpus)
+    placement = make_placement("contiguous" if cfg.placement == "balanced" else cfg.placement, model.num_experts,
+                               cfg.num_gpus)  # checks the split; balanced is built from the routing below
     num_layers = model.num_moe_layers
     layer_ids = np.arange(num_layers) if cfg.layers is None else np.asarray(cfg.layers)
     if layer_ids.size == 0 or layer_ids.min() < 0 or layer_ids.max() >= num_layers:
@@ -114,7 +116,10 @@ def resolve(cfg: RunConfig) -> Resolved:
             model, num_tokens, synthetic=cfg.synthetic, mode=cfg.mode, seed=cfg.seed, **cfg.synthetic_params
         )
         source = f"synthetic {cfg.synthetic} seed {cfg.seed}"
-    return Resolved(cfg, model, placement, profile, np.asarray(routing)[:, layer_ids, :], layer_ids, source)
+    routing = np.asarray(routing)[:, layer_ids, :]
+    if cfg.placement == "balanced":
+        placement = balanced_per_layer(routing, model.num_experts, cfg.num_gpus)
+    return Resolved(cfg, model, placement, profile, routing, layer_ids, source)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -129,7 +134,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="prefill", choices=["prefill", "decode"], help="batch formation from a trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="h200", help="hardware profile name or JSON path (default h200)")
-    p.add_argument("--placement", default="contiguous", choices=["contiguous", "round-robin"])
+    p.add_argument("--placement", default="contiguous", choices=list(PLACEMENTS),
+                   help="expert -> GPU map (default contiguous); balanced: per layer, the run's own expert loads spread "
+                        "evenly, equal experts per GPU (an upper bound on a placement from past routing statistics)")
     p.add_argument("--layers", default=None, help="comma-separated MoE layer ids (default all)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON results (simulate: also its Chrome trace and plots)")
 

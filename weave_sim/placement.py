@@ -70,8 +70,50 @@ def explicit(owner, num_gpus: int) -> Placement:
     return Placement(np.asarray(owner), num_gpus, "explicit")
 
 
+def balanced(loads, num_gpus: int) -> Placement:
+    """Experts spread so that every GPU gets the same number of experts and as even a load as a greedy pass finds:
+    heaviest expert first (ties: lower id), each to the GPU with the least load so far among those with room
+    (ties: lower GPU). loads: per-expert load [num_experts] (e.g. routed pairs); E must be a multiple of G."""
+    loads = np.asarray(loads, dtype=np.float64)
+    if loads.ndim != 1 or loads.size == 0 or not np.all(np.isfinite(loads)) or loads.min() < 0:
+        raise ValueError("balanced placement: loads must be a non-empty 1-D array of finite values >= 0")
+    _check_divisible(loads.size, num_gpus)
+    per = loads.size // num_gpus
+    owner = np.empty(loads.size, dtype=np.int64)
+    total, count = np.zeros(num_gpus), np.zeros(num_gpus, dtype=np.int64)
+    for e in np.argsort(-loads, kind="stable"):
+        room = np.flatnonzero(count < per)
+        g = int(room[np.argmin(total[room])])
+        owner[e], total[g], count[g] = g, total[g] + loads[e], count[g] + 1
+    return Placement(owner, num_gpus, "balanced")
+
+
+def balanced_per_layer(routing, num_experts: int, num_gpus: int) -> list[Placement]:
+    """One `balanced` placement per layer of routing int [num_tokens, num_layers, top_k], from that layer's pairs
+    per expert: the batch's own loads, so an upper bound on what a placement from past statistics achieves."""
+    routing = np.asarray(routing)
+    if routing.ndim != 3:
+        raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
+    return [balanced(np.bincount(routing[:, layer, :].ravel(), minlength=num_experts)[:num_experts], num_gpus)
+            for layer in range(routing.shape[1])]
+
+
+def placement_for(placement, layer: int) -> Placement:
+    """The placement of layer `layer` (a position along the routing's layer axis): `placement` itself, or its
+    entry `layer` when it is a sequence of per-layer placements."""
+    if isinstance(placement, Placement):
+        return placement
+    if not 0 <= layer < len(placement):
+        raise ValueError(f"no placement for layer {layer}: {len(placement)} per-layer placements given")
+    return placement[layer]
+
+
+PLACEMENTS = ("contiguous", "round-robin", "balanced")
+
+
 def make_placement(kind: str, num_experts: int, num_gpus: int, owner=None) -> Placement:
-    """Build a placement by name: 'contiguous', 'round-robin' or 'explicit' (with `owner`)."""
+    """Build a placement by name: 'contiguous', 'round-robin' or 'explicit' (with `owner`); 'balanced' depends on
+    the routing (balanced_per_layer)."""
     if kind == "contiguous":
         return contiguous(num_experts, num_gpus)
     if kind == "round-robin":

@@ -10,6 +10,7 @@ import numpy as np
 from . import costmodel as cm
 from .config import add_run_arguments, config_from_args, resolve
 from .engine import plot_gantt, plot_latency_vs_c, policy_names, simulate_layer, simulate_model, sweep, write_chrome_trace
+from .placement import placement_for
 from .report import write_json
 from .workload import layer_workload, model_workloads
 
@@ -26,7 +27,7 @@ def _lower_bounds_ns(res) -> np.ndarray:
 def _layer_outputs(res, result, layer_pos: int, oracle: bool) -> list:
     """Chrome trace, SM Gantt and latency-vs-c plot of one layer (re-simulated with the timeline kept)."""
     out, layer = res.config.out, int(res.layer_ids[layer_pos])
-    w = layer_workload(res.routing[:, layer_pos, :], res.model, res.placement)
+    w = layer_workload(res.routing[:, layer_pos, :], res.model, placement_for(res.placement, layer_pos))
     chosen = simulate_layer(w, res.profile, result.policy, seed=res.config.seed, record_timeline=True, layer=layer)
     best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer) if oracle else None
     return [
@@ -49,7 +50,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for pos, r in enumerate(result.layers):  # layer numbers of the model, not of the selection
         r.layer = int(res.layer_ids[pos])
     bound = _lower_bounds_ns(res)
-    print(f"# routing: {res.routing_source}; {res.placement.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens; "
+    print(f"# routing: {res.routing_source}; {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
+          f"{res.config.placement} placement; "
           f"profile {res.profile.name} ({res.profile.version})")
     print(result.format())
     total = result.total_ns
@@ -83,7 +85,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     table = sweep(res.routing, res.model, res.placement, res.profile, policies, static_grid=grid,
                   seed=res.config.seed, progress=_progress(args))
     table.layers = [int(x) for x in res.layer_ids]
-    print(f"# {res.model.name}: {res.placement.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
+    print(f"# {res.model.name}: {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
           f"routing {res.routing_source}, profile {res.profile.name}; latency in us")
     print(table.format())
     path = write_json(res.config.out / "sweep.json", {"config": {**res.describe(), "policies": policies},

@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .placement import Placement
+from .placement import Placement, placement_for
 from .presets import ModelPreset
 
 
@@ -206,9 +206,11 @@ def pairs_dispatched(w: LayerWorkload) -> LayerWorkload:
     return LayerWorkload(w.model, w.placement, w.pair_counts, w.pair_counts.sum(axis=2), w.tokens_per_gpu)
 
 
-def model_workloads(routing, model: ModelPreset, placement: Placement) -> list[LayerWorkload]:
-    """One LayerWorkload per layer from routing [num_tokens, num_layers, top_k]."""
+def model_workloads(routing, model: ModelPreset, placement) -> list[LayerWorkload]:
+    """One LayerWorkload per layer from routing [num_tokens, num_layers, top_k]; placement: one Placement, or one
+    per layer (placement_for)."""
     routing = np.asarray(routing)
     if routing.ndim != 3:
         raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
-    return [layer_workload(routing[:, layer, :], model, placement) for layer in range(routing.shape[1])]
+    return [layer_workload(routing[:, layer, :], model, placement_for(placement, layer))
+            for layer in range(routing.shape[1])]

@@ -85,26 +85,36 @@ def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
     return dict(seed=seed, index=index, big=big, world=world, ctas_per_rank=ctas, experts=experts, top_k=top_k,
                 hidden=hidden, inter=inter, tokens=tokens, max_tokens=max_tokens, routing=routing,
                 zipf_s=round(float(rng.uniform(0.3, 2.5)), 2), hot_rank=int(rng.integers(world)),
-                placement="round-robin" if rng.random() < 0.25 else "contiguous",
+                placement=str(rng.choice(["contiguous", "contiguous", "round-robin", "shuffled"])),
                 dispatch="bulk" if rng.random() < 0.2 else "threads", repeats=int(rng.choice([1, 1, 2])),
                 policies=policies)
+
+
+def case_placement(case: dict):
+    """The case's expert -> rank map: contiguous, round-robin, or "shuffled" (a seeded random map with equal experts
+    per rank, what weave_sim's balanced placement produces)."""
+    from weave_sim.placement import contiguous, explicit, round_robin
+
+    world, experts = case["world"], case["experts"]
+    if case["placement"] == "shuffled":
+        rng = np.random.default_rng([case["seed"], case["index"], int(case["big"]), 7])
+        return explicit(rng.permutation(np.arange(experts) % world), world)
+    return (contiguous if case["placement"] == "contiguous" else round_robin)(experts, world)
 
 
 def run(case: dict) -> int:
     """Run one case; the number of new failures."""
     import torch
     import virtual_worker as vw
-    from weave_sim.placement import contiguous, round_robin
-
     world, experts = case["world"], case["experts"]
-    pl = (contiguous if case["placement"] == "contiguous" else round_robin)(experts, world)
+    pl = case_placement(case)
     route = _routing(case["routing"], experts, case["top_k"], list(pl.local_experts(case["hot_rank"])),
                      case["zipf_s"])
     before = len(vw.FAILURES)
     vw.DISPATCH[0] = case["dispatch"]
     vr = vw.run_case(None, f"fuzz {case['seed']}/{case['index']} {case['routing']}", world=world,
                      hidden=case["hidden"], inter=case["inter"], num_experts=experts, top_k=case["top_k"],
-                     tokens=case["tokens"], routing=route, placement=case["placement"], policies=case["policies"],
+                     tokens=case["tokens"], routing=route, placement=pl, policies=case["policies"],
                      repeats=case["repeats"], seed=case["seed"] * 1000 + case["index"],
                      ctas_per_rank=case["ctas_per_rank"], max_tokens=case["max_tokens"])
     del vr  # frees the ranks' buffers at once (test_virtual_ranks_gpu.py checks that)

@@ -52,7 +52,7 @@ def test_cases_cover_the_corners(fz, cases):
     assert 1 in seen("top_k") and 1 in {c["experts"] // c["world"] for c in cases}
     assert any(all(t == 0 for t in c["tokens"]) for c in cases)
     assert any(0 in c["tokens"] and max(c["tokens"]) > 0 for c in cases)
-    assert {"threads", "bulk"} <= seen("dispatch") and {"contiguous", "round-robin"} <= seen("placement")
+    assert {"threads", "bulk"} <= seen("dispatch") and {"contiguous", "round-robin", "shuffled"} <= seen("placement")
     assert any(c["ctas_per_rank"] < fz.SMS // c["world"] for c in cases)
     assert any(c["max_tokens"] > max(c["tokens"]) + 1 for c in cases)
     assert any(max(c["tokens"]) >= 1000 for c in cases) and max(max(c["tokens"]) for c in cases) < fz.MAX_TOKENS
@@ -76,3 +76,14 @@ def test_routing_is_valid(fz, kind):
         if kind == "hot_rank":
             assert set(ids.ravel().tolist()) <= set(owned)
     assert fz._routing(kind, experts, top_k, owned, 1.1)(0, 9)[0].shape == (0, top_k)
+
+
+def test_shuffled_placements_split_evenly_and_differ(fz, cases):
+    shuffled = [c for c in cases if c["placement"] == "shuffled"]
+    owners = set()
+    for c in shuffled:
+        pl = fz.case_placement(c)
+        assert np.bincount(pl.owner, minlength=c["world"]).tolist() == [c["experts"] // c["world"]] * c["world"]
+        assert pl.owner.tolist() == fz.case_placement(c).owner.tolist()  # replayable
+        owners.add(tuple(pl.owner.tolist()))
+    assert len(owners) > len(shuffled) // 2

@@ -24,7 +24,7 @@ from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_mod
 from weave_kernel.reference import make_weights, moe_reference
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.virtual import VirtualRanks
-from weave_sim.placement import contiguous, round_robin
+from weave_sim.placement import Placement, contiguous, round_robin
 from weave_sim.presets import get_model
 
 TOL = 1e-2
@@ -53,12 +53,16 @@ def policies_for(n: int) -> tuple[str, ...]:
 
 
 def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,
-             top_k: int, tokens: list[int], routing="skewed", placement: str = "contiguous",
+             top_k: int, tokens: list[int], routing="skewed", placement: str | Placement = "contiguous",
              policies=None, repeats: int = 1, seed: int = 0, ctas_per_rank: int | None = None,
              max_tokens: int | None = None) -> VirtualRanks:
-    """routing: "skewed", "one_expert" or a callable (num_tokens, seed) -> (ids int32 [n, k], weights float32 [n, k])."""
+    """routing: "skewed", "one_expert" or a callable (num_tokens, seed) -> (ids int32 [n, k], weights float32 [n, k]).
+    placement: "contiguous", "round-robin" or a Placement."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
+    if isinstance(placement, Placement):
+        pl = placement
+    else:
+        pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
                           max_tokens=max_tokens or max(max(tokens), 1), dispatch=DISPATCH[0],

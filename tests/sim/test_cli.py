@@ -130,3 +130,21 @@ def test_timeline_stats_and_validate_refuse_what_they_cannot_read(tmp_path, caps
     assert main(["timeline-stats", trace, "--sms", "132"]) == 0
     config = json.loads((tmp_path / "simulate.json").read_text())["config"]
     assert config["model"] == "gpt-oss-20b" and config["synthetic"] is None  # the shipped trace's model, no generator
+
+
+def test_balanced_placement_per_layer(tmp_path):
+    """--placement balanced: one placement per simulated layer, built from that layer's routing; the engine runs
+    each layer on its own placement (the same latency as simulating that layer alone with it)."""
+    from weave_sim.config import RunConfig, resolve
+    from weave_sim.engine import simulate_model
+    from weave_sim.placement import balanced_per_layer
+
+    argv = ["--gpus", "4", "--tokens", "256", "--layers", "2,9", "--no-plots", "--quiet", "--out", str(tmp_path)]
+    assert main(["simulate", "--placement", "balanced", *argv]) == 0
+    data = json.loads((tmp_path / "simulate.json").read_text())
+    res = resolve(RunConfig(num_gpus=4, tokens_per_gpu=256, layers=(2, 9), placement="balanced"))
+    owners = [p.owner.tolist() for p in balanced_per_layer(res.routing, 32, 4)]
+    assert data["config"]["placement_owner"] == owners and owners[0] != owners[1]
+    alone = [simulate_model(res.routing[:, i:i + 1], res.model, res.placement[i], res.profile, "weave").total_ns
+             for i in range(2)]
+    assert [r["latency_us"] for r in data["results"]["layers"]] == pytest.approx([t / 1e3 for t in alone])

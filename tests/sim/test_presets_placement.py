@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weave_sim.placement import contiguous, explicit, make_placement, round_robin
+from weave_sim.placement import (balanced, balanced_per_layer, contiguous, explicit, make_placement, placement_for,
+                                 round_robin)
 from weave_sim.presets import PRESETS, WEAVE_EVAL_MODELS, ModelPreset, get_model
 
 
@@ -132,3 +133,45 @@ def test_spec_round_trips_through_its_name(base, e, k, h, i, layers, shared, key
     for field, value in expect.items():
         if field not in ("name", "hf_id"):
             assert getattr(m, field) == value, field
+
+
+def test_balanced_placement_exact_case():
+    # heaviest first to the lightest GPU with room: e0 -> 0, e7 -> 1, then the 1s fill GPU 1 to its 4 experts
+    p = balanced([10, 1, 1, 1, 1, 1, 1, 4], 2)
+    assert p.owner.tolist() == [0, 1, 1, 1, 0, 0, 0, 1] and p.kind == "balanced"
+    assert np.bincount(p.owner, weights=[10, 1, 1, 1, 1, 1, 1, 4]).tolist() == [13.0, 7.0]  # e0 + 3 others: optimal
+
+
+@given(st.integers(1, 8), st.integers(1, 16), st.integers(0, 2**31 - 1))
+def test_balanced_placement_is_an_equal_split(num_gpus, per_gpu, seed):
+    loads = np.random.default_rng(seed).zipf(1.5, num_gpus * per_gpu).astype(float)
+    p = balanced(loads, num_gpus)
+    assert np.bincount(p.owner, minlength=num_gpus).tolist() == [per_gpu] * num_gpus
+    assert balanced(loads, num_gpus).owner.tolist() == p.owner.tolist()  # deterministic
+
+
+def test_balanced_placement_evens_real_routing():
+    """The shipped GPT-OSS-20B trace at EP=4: its GPUs' pair loads under contiguous placement, per layer, against
+    balanced placement from the same loads."""
+    from weave_sim.traces import DEFAULT_TRACE, routing_for
+
+    routing = routing_for("gpt-oss-20b", 4 * 2048, trace=DEFAULT_TRACE)
+    worst = lambda p, ids: (lambda g: g.max() / g.mean())(np.bincount(p.owner[ids.ravel()], minlength=4))  # noqa: E731
+    per = balanced_per_layer(routing, 32, 4)
+    cont = [worst(contiguous(32, 4), routing[:, layer]) for layer in range(routing.shape[1])]
+    bal = [worst(per[layer], routing[:, layer]) for layer in range(routing.shape[1])]
+    assert np.mean(cont) > 1.1 and np.mean(bal) < 1.02 and all(b <= c + 1e-12 for b, c in zip(bal, cont))
+
+
+def test_balanced_per_layer_and_placement_for():
+    routing = np.array([[[0, 1], [2, 3]], [[0, 2], [3, 1]], [[0, 3], [1, 2]]])  # 3 tokens, 2 layers, top-2
+    per = balanced_per_layer(routing, 4, 2)
+    assert len(per) == 2 and all(np.bincount(p.owner).tolist() == [2, 2] for p in per)
+    assert per[0].owner[0] != per[0].owner[1]  # layer 0: experts 0 (3 pairs) and 1 (2) on different GPUs
+    assert placement_for(per, 1) is per[1] and placement_for(per[0], 7) is per[0]
+    with pytest.raises(ValueError, match="no placement for layer 2"):
+        placement_for(per, 2)
+    with pytest.raises(ValueError, match="do not split evenly"):
+        balanced([1.0, 2.0, 3.0], 2)
+    with pytest.raises(ValueError, match="finite"):
+        balanced([1.0, float("nan")], 2)

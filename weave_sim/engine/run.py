@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..placement import Placement
+from ..placement import Placement, placement_for
 from ..presets import ModelPreset
 from ..profile import HardwareProfile
 from ..workload import LayerWorkload, layer_workload
@@ -242,8 +242,8 @@ def _run_layers(routing, model, placement, profile, specs, ids, *, seed, keep_re
     Each simulation is a pure function of its inputs, so the results do not depend on `workers`.
     """
     SimOptions(seed=seed, **options)  # validate before any work is spread out
-    jobs = [(routing[:, layer, :], model, placement, profile, specs, layer, seed, keep_records, options)
-            for layer in ids]
+    jobs = [(routing[:, layer, :], model, placement_for(placement, layer), profile, specs, layer, seed, keep_records,
+             options) for layer in ids]
     if workers <= 1 or len(jobs) <= 1:
         done = [_layer_job(j) for j in _progress(jobs, progress, len(jobs), desc)]
     else:
@@ -254,11 +254,12 @@ def _run_layers(routing, model, placement, profile, specs, ids, *, seed, keep_re
     return {(layer, spec): r for layer, rs in zip(ids, done) for spec, r in zip(specs, rs)}
 
 
-def simulate_model(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policy: str,
+def simulate_model(routing, model: ModelPreset, placement: Placement | list[Placement], profile: HardwareProfile, policy: str,
                    *, layers=None, seed: int = 0, progress: bool = False, keep_records: bool = False,
                    workers: int = 1, **options) -> ModelResult:
     """Simulate `policy` on every layer of routing int [num_tokens, num_layers, top_k] (or `layers` only).
 
+    placement: one Placement for every layer, or a sequence of one per layer of `routing` (placement_for).
     keep_records: keep each layer's per-task records (for traces and Gantt charts of any layer); by default
     they are dropped after the metrics are computed, so a 58-layer model does not hold ~0.6 GB.
     workers: processes to spread the layers over (results are identical for any value).
@@ -330,7 +331,7 @@ class SweepTable:
         return "\n".join(rows)
 
 
-def sweep(routing, model: ModelPreset, placement: Placement, profile: HardwareProfile, policies, *,
+def sweep(routing, model: ModelPreset, placement: Placement | list[Placement], profile: HardwareProfile, policies, *,
           layers=None, static_grid=DEFAULT_STATIC_GRID, seed: int = 0, progress: bool = False,
           keep_records: bool = False, workers: int = 1, **options) -> SweepTable:
     """Every policy on every layer, plus sequential and static:C over `static_grid` for the speedup columns.
