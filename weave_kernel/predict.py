@@ -29,7 +29,7 @@ import numpy as np
 
 from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
-from weave_sim.placement import contiguous
+from weave_sim.placement import balanced, contiguous
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.profile import load_profile
 from weave_sim.traces import DEFAULT_TRACE, load_trace
@@ -44,24 +44,31 @@ STATIC_GRID = (4, 8, 12, 16, 20, 32, 48)
 
 
 def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSpec = RoutingSpec(),
-                  layer: int | None = None):
-    """The counts and the concatenated routing of every rank, as `python -m weave_kernel.bench` draws them."""
+                  layer: int | None = None, placement: str = "contiguous"):
+    """The counts and the concatenated routing of every rank, as `python -m weave_kernel.bench` draws them.
+    placement: "contiguous" (the benchmark's), or "balanced" (weave_sim.placement.balanced on this layer's pairs per
+    expert over all ranks: an upper bound on what a placement from past routing statistics achieves)."""
     ids = [rank_routing(spec, model, world, tokens, seed=seed, rank=r, layer=layer)[0] for r in range(world)]
-    placement = contiguous(model.num_experts, world)
+    if placement == "balanced":
+        placement = balanced(np.bincount(np.concatenate(ids).ravel(), minlength=model.num_experts), world)
+    elif placement == "contiguous":
+        placement = contiguous(model.num_experts, world)
+    else:
+        raise ValueError(f"placement must be contiguous or balanced, got {placement!r}")
     return counts_from_routing(ids, model.num_experts, placement), np.concatenate(ids), placement
 
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
                    spec: RoutingSpec = RoutingSpec(), static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0,
-                   layer: int | None = None, nosteal: bool = False) -> dict:
+                   layer: int | None = None, nosteal: bool = False, placement: str = "contiguous") -> dict:
     model = get_model(model_name)
     profile = load_profile(profile_name)
     if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
         from .whatif import rescaled
 
         profile = rescaled(profile, gemm=gemm_scale)
-    counts, all_ids, placement = config_counts(model, world, tokens, seed, spec, layer)
-    w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, placement,
+    counts, all_ids, pl = config_counts(model, world, tokens, seed, spec, layer, placement)
+    w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
     opts = KERNEL_LAYOUTS[KERNEL_LAYOUT]
     ms = {}
@@ -69,13 +76,13 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
                 *(f"weave:{c}" for c in weave_grid)]:
         ms[pol] = simulate_layer(w, profile, f"kernel:{pol}", **opts).latency_ns / 1e6
     h200 = load_profile("h200")
-    bound = float(lower_bound_ns(Volumes.from_workloads([layer_workload(all_ids, model, placement)], h200),
+    bound = float(lower_bound_ns(Volumes.from_workloads([layer_workload(all_ids, model, pl)], h200),
                                  h200).max()) / 1e6
     best = min((p for p in ms if p.startswith("static:")), key=ms.get)
     sweep = [p for p in ms if p.startswith("weave:")]
     best_weave = min(sweep, key=ms.get) if sweep else None
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "layer": layer, "profile": profile_name,
-            "gemm_scale": gemm_scale,
+            "gemm_scale": gemm_scale, "placement": placement,
             "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
             # the in-kernel choice against the best fixed C of the sweep (the issue's regret, predicted)
             "regret": ms["weave"] / ms[best_weave] - 1.0 if best_weave else None,
@@ -105,6 +112,9 @@ def main(argv=None) -> int:
                     help="GEMM tiles this many times faster than the profile's (a kernel newer than the fit)")
     ap.add_argument("--nosteal", action="store_true",
                     help="also weave's split without bubble stealing (weave-nosteal; weave_vs_nosteal)")
+    ap.add_argument("--placement", default="contiguous", choices=["contiguous", "balanced"],
+                    help="expert -> GPU map: the benchmark's contiguous one, or balanced per layer from that layer's "
+                         "own loads (an upper bound on a placement from past routing statistics)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -133,10 +143,10 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
         futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, wg,
-                            args.gemm_scale, lay, args.nosteal) for m, g, t, lay in jobs]
+                            args.gemm_scale, lay, args.nosteal, args.placement) for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
-          f"scheduling, routing {spec.describe()}, seed {args.seed}; predicted ms")
+          f"scheduling, routing {spec.describe()}, {args.placement} placement, seed {args.seed}; predicted ms")
     w = max([20] + [len(config_label(r["model"], r["layer"])) for r in rows])
     print(f"{'EP':>3} {'model':>{w}} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")

@@ -91,3 +91,24 @@ def test_per_layer_routing_is_the_benchmarks(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["--models", m.name, "--layers", "26", "--synthetic", "fitted"])
     assert "MoE layers lie in" in capsys.readouterr().err
+
+
+def test_balanced_placement_evens_the_gpus():
+    """predict --placement balanced: the same routing, the experts re-placed from this layer's loads; every GPU keeps
+    E/G experts and the busiest GPU's pairs come closer to the mean than under the benchmark's contiguous map."""
+    from weave_kernel.routing import RoutingSpec
+
+    m, spec = get_model("phi-3.5-moe"), RoutingSpec("synthetic", kind="fitted")
+    imbalance = {}
+    for kind in ("contiguous", "balanced"):
+        counts, ids, pl = config_counts(m, 2, 1024, seed=2, spec=spec, layer=0, placement=kind)
+        assert np.bincount(pl.owner, minlength=2).tolist() == [8, 8]
+        per_gpu = np.bincount(pl.owner[ids.ravel()], minlength=2)
+        assert np.asarray(counts["source_expert_pairs"]).sum() == ids.size
+        imbalance[kind] = per_gpu.max() / per_gpu.mean()
+    assert imbalance["balanced"] < imbalance["contiguous"]
+    row = predict_config(m.name, 2, 1024, "h200-megakernel", seed=2, spec=spec, layer=0, static_grid=(8, 20),
+                         placement="balanced")
+    assert row["placement"] == "balanced" and row["predicted_ms"]["weave"] > 0
+    with pytest.raises(ValueError, match="contiguous or balanced"):
+        config_counts(m, 2, 64, placement="round-robin")
