@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from weave_sim.placement import contiguous
+from weave_sim.placement import contiguous, expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, config_label  # the layout and deciders of this kernel
 
@@ -88,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-dispatch", action="store_true",
                     help="A/B of the dispatch copies: B = the same kernel with the other --dispatch mode, timed "
                          "against A as --ab-csrc does")
+    ap.add_argument("--placement", choices=("contiguous", "balanced"), default="contiguous",
+                    help="expert -> rank map: contiguous (default), or balanced per configuration from that "
+                         "configuration's routing over all ranks (weave_sim.placement.balanced; the layer's tables "
+                         "are rewritten with MoEMegakernel.set_placement, the reference uses the same map)")
     ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
                     help="interleave the policies' repetitions (default) or time one policy after the other")
     ap.add_argument("--sustained", type=float, default=0.0,
@@ -210,11 +214,17 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
 
 def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev, sampler=None,
                  moe_layer: int | None = None) -> dict:
-    placement = contiguous(model.num_experts, world)
     ids, w = rank_routing(args.spec, model, world, n, seed=args.seed, rank=rank, layer=moe_layer)
     gathered = [None] * world
     dist.all_gather_object(gathered, ids)
     all_ids = np.concatenate(gathered)
+    # every rank builds the same map from the same gathered routing; the random local weights stand for whichever
+    # experts the map gives this rank
+    placement = make_placement(args.placement, model.num_experts, world,
+                               loads=expert_loads(all_ids, model.num_experts))
+    for lay in (layer, getattr(layer, "ab_other", None)):
+        if lay is not None:
+            lay.set_placement(placement)
     H, I = model.hidden_size, model.expert_ffn_size
     x = torch.randn(n, H, device=dev).to(torch.bfloat16)
     ids_d, w_d = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
@@ -224,6 +234,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
            "num_ctas": layer.num_ctas, "latency_ms": {}, "timing_order": args.order}
     if moe_layer is not None:
         res["layer"] = moe_layer
+    if args.placement != "contiguous":  # read back by weave_sim.validate.result_placement
+        res["placement"], res["placement_owner"] = args.placement, placement.owner.tolist()
 
     y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
     fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}

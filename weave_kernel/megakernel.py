@@ -152,12 +152,8 @@ class MoEMegakernel:
                              f"and the world size, at most one per SM)")
         self.cooperative = not self.virtual  # virtual ranks' grids must run at once: plain launches
 
-        owner = np.asarray(placement.owner)
-        counts = np.bincount(owner, minlength=self.world)
-        if not np.all(counts == self.num_local_experts):
-            raise ValueError("placement must give every rank the same number of experts")
-        owner_experts = np.stack([placement.local_experts(g) for g in range(self.world)])
         dev = self.device
+        owner, owner_experts = self._placement_tables(placement)
         self.expert_owner = torch.as_tensor(owner, dtype=torch.int32, device=dev)
         self.owner_experts = torch.as_tensor(owner_experts, dtype=torch.int32, device=dev).contiguous()
 
@@ -190,6 +186,25 @@ class MoEMegakernel:
         torch.cuda.synchronize(dev)
         if self.distributed:
             dist.barrier(group=group)
+
+    def _placement_tables(self, placement) -> tuple[np.ndarray, np.ndarray]:
+        """(owner [E], owner_experts [G, E/G]) of a placement this layer can run: its experts and world size, and
+        the same number of experts on every rank."""
+        if placement.num_experts != self.num_experts or placement.num_gpus != self.world:
+            raise ValueError(f"placement of {placement.num_experts} experts over {placement.num_gpus} GPUs; this layer "
+                             f"has {self.num_experts} experts over {self.world} ranks")
+        owner = np.asarray(placement.owner)
+        if not np.all(np.bincount(owner, minlength=self.world) == self.num_local_experts):
+            raise ValueError("placement must give every rank the same number of experts")
+        return owner, np.stack([placement.local_experts(g) for g in range(self.world)])
+
+    def set_placement(self, placement) -> None:
+        """Move experts between ranks for the next calls: every rank of the group must set the same placement before
+        its next call, and pass w13 / w2 in the new local order (placement.local_experts(rank)). The tables are
+        overwritten in place, so a captured CUDA graph replays with the new placement."""
+        owner, owner_experts = self._placement_tables(placement)
+        self.expert_owner.copy_(torch.as_tensor(owner, dtype=torch.int32))
+        self.owner_experts.copy_(torch.as_tensor(owner_experts, dtype=torch.int32))
 
     def _alloc_symmetric(self, nbytes: int) -> None:
         if self.virtual:  # plain memory; the peers' addresses come with connect()

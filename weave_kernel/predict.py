@@ -29,7 +29,7 @@ import numpy as np
 
 from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
-from weave_sim.placement import balanced, contiguous
+from weave_sim.placement import expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.profile import load_profile
 from weave_sim.traces import DEFAULT_TRACE, load_trace
@@ -49,12 +49,10 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSp
     placement: "contiguous" (the benchmark's), or "balanced" (weave_sim.placement.balanced on this layer's pairs per
     expert over all ranks: an upper bound on what a placement from past routing statistics achieves)."""
     ids = [rank_routing(spec, model, world, tokens, seed=seed, rank=r, layer=layer)[0] for r in range(world)]
-    if placement == "balanced":
-        placement = balanced(np.bincount(np.concatenate(ids).ravel(), minlength=model.num_experts), world)
-    elif placement == "contiguous":
-        placement = contiguous(model.num_experts, world)
-    else:
+    if placement not in ("contiguous", "balanced"):
         raise ValueError(f"placement must be contiguous or balanced, got {placement!r}")
+    placement = make_placement(placement, model.num_experts, world,
+                               loads=expert_loads(np.concatenate(ids), model.num_experts))
     return counts_from_routing(ids, model.num_experts, placement), np.concatenate(ids), placement
 
 

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 
-from weave_sim.placement import contiguous
+from weave_sim.validate import result_placement
 
 from .routing import result_routing
 
@@ -21,7 +21,7 @@ def counts_for(result: dict, cfg: dict) -> dict:
     """Counts of one benchmark result: pairs per (source rank, expert) and, since this kernel dispatches one
     row per (token, expert) pair, dispatch rows per (source, destination) counted in pairs."""
     world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
-    owner = contiguous(experts, world).owner
+    owner = result_placement(result).owner
     pairs = np.zeros((world, experts), dtype=np.int64)
     for rank in range(world):
         ids, _ = result_routing(cfg, result, rank)

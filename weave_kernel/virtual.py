@@ -70,6 +70,15 @@ class VirtualRanks:
     def __getitem__(self, rank: int) -> MoEMegakernel:
         return self.layers[rank]
 
+    def set_placement(self, placement) -> None:
+        """MoEMegakernel.set_placement on every rank (the weights of later calls in the new local order)."""
+        for layer in self.layers:
+            layer._placement_tables(placement)  # all ranks accept it before any changes
+        torch.cuda.synchronize(self.device)  # no rank's call still reads the old tables
+        for layer in self.layers:
+            layer.set_placement(placement)
+        torch.cuda.synchronize(self.device)  # the ranks' own streams see the new tables
+
     def __call__(self, xs, topk_ids, topk_weights, w13s, w2s, *, policy: str = "static:8", check: bool = True,
                  record_timeline: bool = False, outs=None) -> list[torch.Tensor]:
         """One call of the layer on every rank (lists indexed by rank). Every rank's inputs are checked before

@@ -50,11 +50,10 @@ import numpy as np
 
 from weave_sim.costmodel import Volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
-from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import load_profile, profile_from_dict
-from weave_sim.validate import bench_results, kernel_options, profile_for_result
+from weave_sim.validate import bench_results, kernel_options, profile_for_result, result_placement
 from weave_sim.workload import workload_from_counts
 
 from .routing import result_routing
@@ -65,7 +64,7 @@ POLICIES = ("kernel:static:20", "kernel:weave")
 def distinct_dispatch_rows(result: dict, cfg: dict) -> np.ndarray:
     """[G_src, G_dst]: tokens of src with at least one of their top-k experts on dst (the benchmark's routing)."""
     world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
-    owner = contiguous(experts, world).owner
+    owner = result_placement(result).owner
     rows = np.zeros((world, world), dtype=np.int64)
     for rank in range(world):
         ids, _ = result_routing(cfg, result, rank)
@@ -127,7 +126,7 @@ def result_workload(result: dict, dispatch_rows=None):
     c = result["counts"]
     model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
                         int(result["top_k"]), 0, 1)
-    placement = contiguous(model.num_experts, int(result["gpus"]))
+    placement = result_placement(result)
     rows = c["dispatch_rows"] if dispatch_rows is None else dispatch_rows
     return workload_from_counts(np.asarray(c["source_expert_pairs"], dtype=np.int64), rows, model, placement,
                                 c["tokens_per_gpu"])

@@ -94,8 +94,15 @@ def balanced_per_layer(routing, num_experts: int, num_gpus: int) -> list[Placeme
     routing = np.asarray(routing)
     if routing.ndim != 3:
         raise ValueError(f"routing must be [num_tokens, num_layers, top_k], got shape {routing.shape}")
-    return [balanced(np.bincount(routing[:, layer, :].ravel(), minlength=num_experts)[:num_experts], num_gpus)
-            for layer in range(routing.shape[1])]
+    return [balanced(expert_loads(routing[:, layer, :], num_experts), num_gpus) for layer in range(routing.shape[1])]
+
+
+def expert_loads(ids, num_experts: int) -> np.ndarray:
+    """Routed (token, expert) pairs per expert of int expert ids of any shape, ids in [0, num_experts)."""
+    ids = np.asarray(ids).ravel()
+    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        raise ValueError(f"expert ids must lie in [0, {num_experts})")
+    return np.bincount(ids, minlength=num_experts)
 
 
 def placement_for(placement, layer: int) -> Placement:
@@ -111,9 +118,15 @@ def placement_for(placement, layer: int) -> Placement:
 PLACEMENTS = ("contiguous", "round-robin", "balanced")
 
 
-def make_placement(kind: str, num_experts: int, num_gpus: int, owner=None) -> Placement:
-    """Build a placement by name: 'contiguous', 'round-robin' or 'explicit' (with `owner`); 'balanced' depends on
-    the routing (balanced_per_layer)."""
+def make_placement(kind: str, num_experts: int, num_gpus: int, owner=None, loads=None) -> Placement:
+    """Build a placement by name: 'contiguous', 'round-robin', 'explicit' (with `owner`) or 'balanced' (with the
+    per-expert `loads`, e.g. np.bincount of a layer's routed expert ids)."""
+    if kind == "balanced":
+        if loads is None:
+            raise ValueError("balanced placement needs the experts' loads")
+        if len(loads) != num_experts:
+            raise ValueError(f"balanced placement: {len(loads)} loads for {num_experts} experts")
+        return balanced(loads, num_gpus)
     if kind == "contiguous":
         return contiguous(num_experts, num_gpus)
     if kind == "round-robin":
@@ -125,7 +138,7 @@ def make_placement(kind: str, num_experts: int, num_gpus: int, owner=None) -> Pl
         if p.num_experts != num_experts:
             raise ValueError(f"explicit placement has {p.num_experts} experts, model has {num_experts}")
         return p
-    raise ValueError(f"unknown placement {kind!r}; use contiguous, round-robin or explicit")
+    raise ValueError(f"unknown placement {kind!r}; use contiguous, round-robin, balanced or explicit")
 
 
 def _check_divisible(num_experts: int, num_gpus: int) -> None:

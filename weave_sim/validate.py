@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .placement import contiguous
+from .placement import Placement, contiguous, explicit
 from .presets import ModelPreset
 from .profile import HardwareProfile, profile_from_dict
 from .workload import workload_from_counts
@@ -64,9 +64,17 @@ class ConfigValidation:
         return {**self.__dict__, "relative_error": self.errors()}
 
 
+def result_placement(r: dict) -> Placement:
+    """The expert -> rank map a benchmark result ran with: its recorded owners (bench --placement), else the
+    benchmark's contiguous map."""
+    if r.get("placement_owner") is not None:
+        return explicit(r["placement_owner"], int(r["gpus"]))
+    return contiguous(int(r["experts"]), int(r["gpus"]))
+
+
 def _layer_from_result(r: dict):
     model = ModelPreset(r["model"], int(r["hidden"]), int(r["inter"]), int(r["experts"]), int(r["top_k"]), 0, 1)
-    placement = contiguous(model.num_experts, int(r["gpus"]))
+    placement = result_placement(r)
     c = r.get("counts")
     if c is None:
         raise ValueError(f"result {r['model']}/{r['tokens_per_gpu']} has no 'counts': re-run the kernel benchmark")

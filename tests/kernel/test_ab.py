@@ -41,6 +41,12 @@ def test_graph_summary_geomean_and_host_time():
     assert "50 us" in next(line for line in lines if "static:8" in line)
 
 
+def test_placement_option():
+    assert parse_args([]).placement == "contiguous" and parse_args(["--placement", "balanced"]).placement == "balanced"
+    with pytest.raises(SystemExit):
+        parse_args(["--placement", "round-robin"])
+
+
 def test_cuda_graph_option_takes_three_modes():
     assert parse_args([]).cuda_graph == "off"
     assert parse_args(["--cuda-graph", "ab"]).cuda_graph == "ab"

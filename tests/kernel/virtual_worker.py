@@ -24,7 +24,7 @@ from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_mod
 from weave_kernel.reference import make_weights, moe_reference
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.virtual import VirtualRanks
-from weave_sim.placement import Placement, contiguous, round_robin
+from weave_sim.placement import Placement, balanced, contiguous, explicit, round_robin
 from weave_sim.presets import get_model
 
 TOL = 1e-2
@@ -203,6 +203,19 @@ def main() -> int:
                       tokens=[400, 513, 7], repeats=3, seed=23)
         run_case(vr, "repeated calls, other sizes", world=world, hidden=2048, inter=768, num_experts=16 * world,
                  top_k=8, tokens=[100, 513], repeats=2, seed=24)
+        # experts moved between the ranks of a built layer (what bench --placement balanced does per configuration)
+        moved = balanced(np.random.default_rng(25).zipf(1.3, 16 * world).astype(float), world)
+        vr.set_placement(moved)
+        run_case(vr, "after set_placement", world=world, hidden=2048, inter=768, num_experts=16 * world, top_k=8,
+                 tokens=[300, 41, 513], placement=moved, repeats=2, seed=25)
+        if world > 1:  # a placement the layer cannot run is refused, and the tables stay as they were
+            try:
+                vr.set_placement(explicit(np.zeros(16 * world, dtype=np.int64), world))
+                FAILURES.append(f"G={world} set_placement accepted an uneven placement")
+            except ValueError as exc:
+                log(f"PASS G={world} uneven set_placement refused: {exc}")
+            run_case(vr, "after a refused set_placement", world=world, hidden=2048, inter=768,
+                     num_experts=16 * world, top_k=8, tokens=[64, 200], placement=moved, seed=26)
         check_errors(world)
         del vr
         torch.cuda.empty_cache()

@@ -391,3 +391,12 @@ def test_workers_give_the_rows_of_one_process(tmp_path):
     with pytest.raises(ValueError, match="workers"):
         validate_file(path, PROFILE, workers=0)
 
+
+
+def test_result_placement_reads_the_recorded_owners():
+    from weave_sim.validate import result_placement
+
+    r = {"experts": 8, "gpus": 2}
+    assert result_placement(r).owner.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # the benchmark's contiguous map
+    owner = [1, 0, 0, 1, 1, 0, 1, 0]
+    assert result_placement({**r, "placement": "balanced", "placement_owner": owner}).owner.tolist() == owner
