@@ -337,7 +337,9 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         if rank == 0:
             meta = [process_metadata(g, f"GPU {g} ({best})") for g in range(world)]
             write_chrome_trace(args.trace, meta + [e for ev in allev for e in ev],
-                               {"model": model.name, "tokens_per_gpu": n, "policy": best, "layer": moe_layer})
+                               {"model": model.name, "tokens_per_gpu": n, "policy": best, "layer": moe_layer,
+                                **({"placement_owner": placement.owner.tolist()} if args.placement != "contiguous"
+                                   else {})})
         args.trace = ""
     return res
 

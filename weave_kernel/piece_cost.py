@@ -28,6 +28,7 @@ import numpy as np
 from weave_sim.engine.dag import piece_layout, receive_ring
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
+from weave_sim.validate import result_placement
 from weave_sim.workload import workload_from_counts
 
 from .recount import counts_for
@@ -35,12 +36,12 @@ from .recount import counts_for
 TILE = 128
 
 
-def piece_table(counts: dict, model, G: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+def piece_table(counts: dict, model, G: int, placement=None) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     """(rows, owner row block) of every piece per stream s -> d in the kernel's sending order: the engine's
     piece_layout of the expert-packed layout, each expert's blocks offset by the blocks of the experts before it
-    (an expert's rows are padded once to whole blocks)."""
+    (an expert's rows are padded once to whole blocks). placement: the expert -> rank map (default contiguous)."""
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model,
-                             contiguous(model.num_experts, G), counts["tokens_per_gpu"])
+                             placement or contiguous(model.num_experts, G), counts["tokens_per_gpu"])
     layout = piece_layout(w, receive_ring(G, "piece"), TILE, None)
     out = [[(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in range(G)] for _ in range(G)]
     for d in range(G):
@@ -65,9 +66,10 @@ def analyse(path: Path, seed: int, zipf: float) -> dict:
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     G = max(int(e["pid"]) for e in ev) + 1
     res = {"gpus": G, "tokens_per_gpu": n, "experts": model.num_experts, "top_k": model.top_k,
-           "model": model.name, "hidden": model.hidden_size, "inter": model.expert_ffn_size}
+           "model": model.name, "hidden": model.hidden_size, "inter": model.expert_ffn_size,
+           "placement_owner": meta.get("placement_owner")}  # bench --placement: the map the trace ran with
     counts = counts_for(res, {"seed": seed, "zipf": zipf})
-    table = piece_table(counts, model, G)
+    table = piece_table(counts, model, G, result_placement(res))
     rows_all, dur_all, mismatched, matched = [], [], 0, 0
     per_gpu = {}
     for s in range(G):
