@@ -22,7 +22,8 @@ from .choice import DEFAULT_COST_PROFILE  # noqa: F401 - part of this module's i
 from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_issuers, parse_policy  # noqa: F401
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
-from .validate import check_geometry, check_layer_inputs
+from .geometry import check_geometry
+from .validate import check_layer_inputs
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from .geometry import DIM_ALIGN, MAX_EXPERTS, MAX_RANK_EXPERTS, MAX_RANKS, check_geometry  # noqa: F401
-
 
 def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:
     if not isinstance(t, torch.Tensor):

@@ -108,8 +108,8 @@ def test_policy_and_error_codes_match_params_h():
 
 
 def test_kernel_limits_match_python_checks():
-    """The limits the Python checks enforce (validate.py) and the launcher repeats (binding.cpp) are config.cuh's."""
-    from weave_kernel import validate
+    """The limits the Python checks enforce (geometry.py) and the launcher repeats (binding.cpp) are config.cuh's."""
+    from weave_kernel import geometry
 
     config = (CSRC / "config.cuh").read_text()
     binding = (CSRC / "binding.cpp").read_text()
@@ -120,7 +120,7 @@ def test_kernel_limits_match_python_checks():
     pairs = {"kDimAlign": ("DIM_ALIGN", "dim_align"), "kMaxExperts": ("MAX_EXPERTS", "max_experts"),
              "kMaxRanks": ("MAX_RANKS", "max_ranks"), "kMaxRankExperts": ("MAX_RANK_EXPERTS", "max_rank_experts")}
     for cname, (pyname, attr) in pairs.items():
-        assert const(cname) == getattr(validate, pyname), cname
+        assert const(cname) == getattr(geometry, pyname), cname
         assert int(re.search(rf'm\.attr\("{attr}"\) = (\d+);', binding).group(1)) == const(cname), attr
 
 

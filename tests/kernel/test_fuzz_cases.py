@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")  # weave_kernel.validate imports torch
 
 from weave_kernel.policies import parse_policy  # noqa: E402
-from weave_kernel.validate import check_geometry  # noqa: E402
+from weave_kernel.geometry import check_geometry  # noqa: E402
 from weave_kernel.virtual import default_ctas_per_rank  # noqa: E402
 from weave_sim.placement import contiguous, round_robin  # noqa: E402
 

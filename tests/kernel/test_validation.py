@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 
 from weave_kernel.megakernel import BLOCK_M, plan_buffers  # noqa: E402
 from weave_kernel.policies import POLICY_SEQUENTIAL, POLICY_STATIC, parse_policy  # noqa: E402
-from weave_kernel.validate import check_geometry, check_layer_inputs  # noqa: E402
+from weave_kernel.geometry import check_geometry  # noqa: E402
+from weave_kernel.validate import check_layer_inputs  # noqa: E402
 
 H, I, E, EL, K, MAXT = 128, 64, 8, 4, 2, 16
 
