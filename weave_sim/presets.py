@@ -16,7 +16,8 @@ class ModelPreset:
     expert_ffn_size: I, width of one routed expert's FFN (gate and up are each H x I, down is I x H).
     num_experts: routed experts per MoE layer (E).
     top_k: experts chosen per token (k).
-    num_shared_experts: always-on experts; they run locally and take no part in dispatch or combine.
+    num_shared_experts: always-on experts; they run locally and take no part in dispatch or combine (the engine
+        simulates them as one FFN of width num_shared_experts * I per GPU with SimOptions.shared 'first' or 'last').
     num_moe_layers: number of MoE layers in the model.
     """
 
@@ -50,6 +51,11 @@ class ModelPreset:
     def expert_weight_bytes(self) -> int:
         """bf16 bytes of one routed expert's three matrices."""
         return 2 * 3 * self.hidden_size * self.expert_ffn_size
+
+    @property
+    def shared_ffn_size(self) -> int:
+        """Is: width of the fused shared expert, num_shared_experts * I (0 without shared experts)."""
+        return self.num_shared_experts * self.expert_ffn_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,7 +109,8 @@ SPEC_KEYS = {
 }
 SPEC_HELP = ("BASE:KEY=VALUE:... where BASE is a preset (its geometry with the keys changed) or 'custom' (E, k, H and I required; layers 1 and shared 0 unless given) and the keys are "
              "E (routed experts), k (top-k), H (hidden size), I (expert FFN size), layers (MoE layers), shared "
-             "(shared experts: recorded, not simulated, as for the presets: they run locally, outside dispatch and combine), "
+             "(shared experts: they run locally, outside dispatch and combine; simulated with --shared "
+             "first|last, as one FFN of width shared x I per GPU), "
              "e.g. custom:E=64:k=4:H=2048:I=1024:layers=24 or qwen3-30b-a3b:E=256")
 
 

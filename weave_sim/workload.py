@@ -122,6 +122,17 @@ class LayerWorkload:
         """int64 [G]: bf16 weight bytes of the active local experts."""
         return self.active_local_experts * self.model.expert_weight_bytes
 
+    @property
+    def shared_flops(self) -> np.ndarray:
+        """int64 [G]: FLOPs of the shared experts (one FFN of width Is = shared x I) on each GPU's own tokens,
+        6*H*Is per token (0 without shared experts). Not in `flops`: only simulated with SimOptions.shared."""
+        return self.tokens_per_gpu * (6 * self.model.hidden_size * self.model.shared_ffn_size)
+
+    @property
+    def shared_weight_bytes(self) -> np.ndarray:
+        """int64 [G]: bf16 bytes of the shared experts' three matrices, read by every GPU with tokens."""
+        return np.where(self.tokens_per_gpu > 0, 2 * 3 * self.model.hidden_size * self.model.shared_ffn_size, 0)
+
     def gemm_tiles(self, tile_rows: int, tile_cols: int) -> np.ndarray:
         """int64 [G]: output tiles of GEMM0 (I columns after SwiGLU) plus GEMM1 (H columns) per GPU."""
         row_blocks = -(-self.expert_rows // tile_rows)

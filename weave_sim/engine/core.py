@@ -10,6 +10,8 @@ ordered by (priority, task id). A worker that finishes a task claims the next on
     compute role: GEMM, [combine once every GEMM task of its GPU is claimed, if all SMs join combine], reduce;
                   with combine in the epilogue: combine (whenever ready), GEMM, reduce
     any role (sequential plans, every SM): control, dispatch, combine, GEMM, reduce
+The shared experts' GEMM tasks placed 'last' (graph.shared, dag.py) join their GPU's GEMM heap only once every
+routed GEMM task of that GPU has been claimed, as the kernel's tile ticket hands them out after every routed tile.
 A worker that finds nothing parks on its own event. When tasks become ready, parked workers are woken
 role by role (compute before comm, so stolen GEMM tasks only go to comm SMs no compute SM wants), most
 recently parked first (a LIFO stack). Barriers take no SM: they end when their dependencies have
@@ -25,7 +27,7 @@ import numpy as np
 import simpy
 
 from ..profile import HardwareProfile
-from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, K_CTRL, TaskGraph
+from .dag import C_COMM, C_CTRL, C_GEMM, C_REDUCE, C_VIRTUAL, K_COMBINE, K_CTRL, SHARED_LAST, TaskGraph
 from .hardware import ROLE_ANY, ROLE_COMM, ROLE_COMPUTE, NVLinkFabric
 from .plan import Plan
 
@@ -96,6 +98,13 @@ class LayerSim:
         self._queues = [[[] for _ in range(5)] for _ in range(G)]
         self._idle = [[[] for _ in range(3)] for _ in range(G)]
         self._gemm_left = np.bincount(graph.gpu[cls == C_GEMM], minlength=G).tolist()
+        # shared-expert tasks placed last: held per GPU until its routed GEMM tasks are all claimed
+        self._last = None
+        if graph.shared is not None and (graph.shared == SHARED_LAST).any():
+            self._last = (graph.shared == SHARED_LAST).tolist()
+            self._routed = (graph.shared == 0).tolist()
+            self._routed_left = np.bincount(graph.gpu[(cls == C_GEMM) & (graph.shared == 0)], minlength=G).tolist()
+            self._held: list[list[int]] = [[] for _ in range(G)]
         self._touched: set[int] = set()
         self._all_join = plan.all_join_combine
         self._epilogue = plan.combine_in_epilogue
@@ -192,8 +201,20 @@ class LayerSim:
                 self._gemm_left[g] -= 1
                 if self._gemm_left[g] == 0 and self._all_join:
                     self._touched.add(g)  # parked compute SMs may now take combine tasks
+                if self._last is not None and self._routed[t]:
+                    self._routed_left[g] -= 1
+                    if self._routed_left[g] == 0:
+                        self._release_held(g)
             return t
         return -1
+
+    def _release_held(self, g: int) -> None:
+        """Queue GPU g's ready shared-expert tasks placed last (its routed GEMM tasks are all claimed)."""
+        for t in self._held[g]:
+            heapq.heappush(self._queues[g][self._slot[t]], (self._prio[t], t))
+        if self._held[g]:
+            self._touched.add(g)
+        self._held[g] = []
 
     def claimable(self, g: int, role: int) -> bool:
         """Whether a worker of `role` on GPU g could claim a ready task now (read-only twin of _pick)."""
@@ -235,6 +256,9 @@ class LayerSim:
                 self._finish(t)
             return
         g = self._gpu[t]
+        if self._last is not None and self._last[t] and self._routed_left[g] > 0:
+            self._held[g].append(t)  # claimable once every routed GEMM task of g is claimed (_pick)
+            return
         heapq.heappush(self._queues[g][self._slot[t]], (self._prio[t], t))
         self._touched.add(g)
 

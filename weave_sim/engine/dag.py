@@ -11,7 +11,11 @@ Tasks (ids are a topological order: every edge goes from a lower id to a higher 
     gemm1              a batch of GEMM1 tiles (down projection) of one row block
     chunk_done[g, k]   barrier: every GEMM1 task of the row blocks in combine chunk k is done
     combine            a chunk of result rows pushed back from the computing GPU to the tokens' GPU
-    reduce_gate[s]     barrier: every result row of GPU s's tokens is back (remote and local)
+    shared gemm0/gemm1 (SimOptions.shared 'first' or 'last') the shared experts on g's own tokens: row blocks of
+                       tile_rows tokens, GEMM0 after counts_known[g] (and seq_gate[g]), a per-block gemm0_done
+                       barrier, GEMM1; no dispatch or combine (chunk -1: no chunk_done waits on them)
+    reduce_gate[s]     barrier: every result row of GPU s's tokens is back (remote and local), and every shared
+                       GEMM1 task of s is done
     reduce             a slice of s's tokens: weighted sum over k result rows (HBM bound)
 
 Row layout. Expert e's rows on its owner g are grouped by source GPU in ring order g, g+1, ... (local rows
@@ -23,6 +27,12 @@ its rows by expert would; a token picking several experts on g is approximated a
 each). Either way a row block waits on a contiguous range of each source stream's chunks, cut every
 comm_chunk_rows rows. 'piece' is 'expert' with the megakernel's transfers: one per (source, expert, owner row
 block), split at comm_chunk_rows (pair-based dispatch rows only), so a block's rows arrive with its own pieces.
+
+Shared experts ('first' / 'last'). The fused shared expert (one SwiGLU FFN of width Is = num_shared_experts * I)
+of GPU g computes g's T_g own tokens in row blocks of tile_rows (the last one partial), its tiles in g's GEMM queue:
+'first' below every routed GEMM task's priority, 'last' above, and (the kernel's tile ticket hands them out only
+after every routed tile) claimable only once every routed GEMM task of g is claimed (core.py). Weights, rate,
+batching and padding as a routed expert with T_g rows. The reduction reads one more row per token.
 
 GEMM time. A task takes max(FLOPs / per-SM rate at its expert's row count, its weight bytes / an SM's share
 of HBM bandwidth), where an expert's weights are streamed once and shared by its row blocks (so a GPU's GEMM
@@ -50,6 +60,8 @@ K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
 C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
 KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
 DISPATCH_ORDERS = ("token", "expert", "piece")  # see "Row layout" above
+SHARED_ORDERS = ("off", "first", "last")  # shared experts' tiles in the GEMM queue (see "Shared experts" above)
+SHARED_FIRST, SHARED_LAST = 1, 2  # TaskGraph.shared: 0 = not a shared-expert task
 _COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
 _FLOP_PER_NS_PER_TFLOPS = 1e3
 
@@ -87,6 +99,9 @@ class TaskGraph:
     # profile's concurrency scale the core re-evaluates both when a task starts (core.py).
     flop_ns: np.ndarray | None = None
     hbm_ns: np.ndarray | None = None
+    # int8 [T]: SHARED_FIRST / SHARED_LAST for the shared experts' GEMM tasks, 0 elsewhere; None when the graph has
+    # none (SimOptions.shared 'off', or a model without shared experts).
+    shared: np.ndarray | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -132,7 +147,7 @@ class _Builder:
         self.src.append(src.ravel())
         self.dst.append(dst.ravel())
 
-    def build(self, num_gpus: int, batch: dict) -> TaskGraph:
+    def build(self, num_gpus: int, batch: dict, shared: np.ndarray | None = None) -> TaskGraph:
         dtypes = dict(kind=np.int8, gpu=np.int32, peer=np.int32, work_ns=np.int64, nbytes=np.int64,
                       tiles=np.int32, flops=np.float64, prio=np.int64, delay_ns=np.int64, chunk=np.int32,
                       flop_ns=np.float64, hbm_ns=np.float64)
@@ -146,7 +161,8 @@ class _Builder:
         ptr = np.zeros(self.n + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=self.n), out=ptr[1:])
         return TaskGraph(num_gpus=num_gpus, **arr, num_deps=np.bincount(dst, minlength=self.n).astype(np.int32),
-                         dep_ptr=ptr, dep_idx=dst[order].astype(np.int64), edge_src=src[order], batch=batch)
+                         dep_ptr=ptr, dep_idx=dst[order].astype(np.int64), edge_src=src[order], batch=batch,
+                         shared=shared)
 
 
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +251,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
                 segment_pad_rows: int | None = None, expert_pad_rows: int | None = None,
-                piece_deal: str = "round-robin", gemm_clock=None) -> TaskGraph:
+                piece_deal: str = "round-robin", gemm_clock=None, shared: str = "off") -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
     gemm_clock: None, or per GPU the SM clock as a fraction of the one the profile's GEMM rates hold at
@@ -245,7 +261,11 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     comm_chunk_rows: rows per dispatch/combine transfer (default tile_rows).
     dispatch_order: order of rows in each dispatch stream, one of DISPATCH_ORDERS.
     piece_deal: with 'piece' order, 'round-robin' (the kernel's) or 'queue' (SimOptions).
+    shared: one of SHARED_ORDERS, the shared experts' position in the GEMM queue ('off': none; a no-op for a model
+    without shared experts).
     """
+    if shared not in SHARED_ORDERS:
+        raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {shared!r}")
     G, N = w.num_gpus, profile.num_sms
     H, I = w.model.hidden_size, w.model.expert_ffn_size
     row_bytes = w.model.row_bytes
@@ -377,22 +397,24 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     b1 = np.array([batch[g][1] for g in range(G)])[rb_gpu]
     rb_prio = (rb_chunk.astype(np.int64) << 32) + (rb_order.astype(np.int64) << 8)
 
-    def gemm_tasks(kind, width, k_dim, bsz, out_mult):
+    def gemm_tasks(kind, width, k_dim, bsz, out_mult, blk_gpu=rb_gpu, cost_rows=rb_cost_rows, blocks=rb_blocks,
+                   rate=rb_rate, prio=rb_prio, chunk=rb_chunk):
+        """GEMM tasks of the row blocks described by the per-block arrays (default: the routed experts')."""
         n_tasks = -(-(-(-width // tile_cols)) // bsz)  # ceil(column tiles / batch) per row block
         own = np.repeat(np.arange(n_tasks.size), n_tasks)
         t = np.arange(n_tasks.sum()) - np.repeat(np.cumsum(n_tasks) - n_tasks, n_tasks)
         col_lo = t * bsz[own] * tile_cols
         cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
-        flops = 2.0 * rb_cost_rows[own] * k_dim * out_mult * cols
+        flops = 2.0 * cost_rows[own] * k_dim * out_mult * cols
         # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
-        weight_bytes = 2.0 * k_dim * out_mult * cols / rb_blocks[own]
+        weight_bytes = 2.0 * k_dim * out_mult * cols / blocks[own]
         # A tile's fixed cost (profile gemm.k_fixed) makes short-K tiles slower per FLOP than the calibrated
         # K, long-K tiles faster; the factor is 1 without it.
-        flop_ns = flops / rb_rate[own] * profile.k_factor(k_dim)
+        flop_ns = flops / rate[own] * profile.k_factor(k_dim)
         hbm_ns = weight_bytes / per_sm_hbm_gbs
-        ids = b.add(kind, rb_gpu[own], work_ns=np.ceil(np.maximum(flop_ns, hbm_ns)).astype(np.int64),
-                    tiles=-(-cols // tile_cols), flops=flops, prio=rb_prio[own] + (kind == K_GEMM0),
-                    chunk=rb_chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns)
+        ids = b.add(kind, blk_gpu[own], work_ns=np.ceil(np.maximum(flop_ns, hbm_ns)).astype(np.int64),
+                    tiles=-(-cols // tile_cols), flops=flops, prio=prio[own] + (kind == K_GEMM0),
+                    chunk=chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns)
         return own, ids
 
     own0, g0 = gemm_tasks(K_GEMM0, I, H, b0, 2)  # gate and up: 2 x tile_cols outputs per SwiGLU column
@@ -423,20 +445,57 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                  prio=_COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G)
     b.edges(cdone[chunk_base[src] + k], comb)
 
+    # Shared experts: one FFN of width Is per GPU over its own tokens (module docstring, "Shared experts").
+    tokens = np.asarray(w.tokens_per_gpu, dtype=np.int64)
+    Is = w.model.shared_ffn_size
+    on = shared != "off" and Is > 0 and tokens.sum() > 0
+    if on:
+        nb = -(-tokens // tile_rows)  # row blocks per GPU, the last one partial
+        sb_gpu = np.repeat(np.arange(G), nb)
+        sb_idx = np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)
+        sb_rows = np.minimum(tile_rows, tokens[sb_gpu] - sb_idx * tile_rows)
+        sb_cost = sb_rows if pad_rows is None else -(-sb_rows // pad_rows) * pad_rows
+        eff = tokens if pad_rows is None else np.maximum(tokens, 2 * tile_rows)  # as eff_rows of a routed expert
+        g_rate = profile.per_sm_tflops(eff) * _FLOP_PER_NS_PER_TFLOPS
+        if gemm_clock is not None:
+            g_rate = g_rate * np.asarray(gemm_clock, dtype=np.float64)
+        if shared == "first":  # below every routed GEMM task (those have priorities >= 0)
+            sb_prio = (sb_idx - nb[sb_gpu]) << 8
+        else:  # above every routed GEMM task
+            sb_prio = int(rb_prio.max(initial=-1)) + 2 + (sb_idx << 8)
+        sb = dict(blk_gpu=sb_gpu, cost_rows=sb_cost, blocks=nb[sb_gpu], rate=g_rate[sb_gpu], prio=sb_prio,
+                  chunk=np.full(sb_gpu.size, -1))
+        bsz0 = np.array([batch[g][0] for g in range(G)])[sb_gpu]
+        bsz1 = np.array([batch[g][1] for g in range(G)])[sb_gpu]
+        sown0, s0 = gemm_tasks(K_GEMM0, Is, H, bsz0, 2, **sb)
+        b.edges(known[sb_gpu[sown0]], s0)
+        if seq:
+            b.edges(gate[sb_gpu[sown0]], s0)
+        s0done = b.add(K_BARRIER, sb_gpu)
+        b.edges(s0, s0done[sown0])
+        sown1, s1 = gemm_tasks(K_GEMM1, H, Is, bsz1, 1, **sb)
+        b.edges(s0done[sown1], s1)
+
     # Weighted reduction at each token's GPU, spread over up to N SM-sized slices.
     rgate = b.add(K_BARRIER, np.arange(G))
     b.edges(known, rgate)
     b.edges(comb, rgate[dst])
     b.edges(cdone, rgate[np.repeat(np.arange(G), K)])
-    tokens = np.asarray(w.tokens_per_gpu, dtype=np.int64)
     red_bytes = (w.pair_counts.sum(axis=(1, 2)) + tokens) * row_bytes  # read k rows, write one
+    if on:
+        b.edges(s1, rgate[sb_gpu[sown1]])
+        red_bytes = red_bytes + tokens * row_bytes  # and the shared expert's row
     pieces = np.minimum(N, tokens)
     red_gpu = np.repeat(np.arange(G), pieces)
     red_ns = np.ceil(red_bytes[red_gpu] / np.maximum(pieces[red_gpu], 1) / per_sm_hbm_gbs).astype(np.int64)
     red = b.add(K_REDUCE, red_gpu, work_ns=red_ns, nbytes=0, prio=np.arange(red_gpu.size))
     b.edges(rgate[red_gpu], red)
+    mark = None
+    if on:
+        mark = np.zeros(b.n, dtype=np.int8)
+        mark[np.r_[s0, s1]] = SHARED_FIRST if shared == "first" else SHARED_LAST
     return b.build(G, {g: {"gemm0_tiles_per_task": int(batch[g][0]), "gemm1_tiles_per_task": int(batch[g][1])}
-                       for g in range(G)})
+                       for g in range(G)}, shared=mark)
 
 
 def _gpu_rows(w: LayerWorkload, g: int, ring: np.ndarray, tile_rows: int, cr: int, order: str,

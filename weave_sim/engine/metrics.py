@@ -2,6 +2,8 @@
 
 Definitions (per GPU g, N SMs, latency L_g = end of g's last task, layer latency = max_g L_g):
     busy[g, role]     sum of task durations on SMs of that role (claim costs included)
+    busy_by_kind      the same by task kind; with shared experts simulated also 'shared_expert', the time of
+                      their GEMM tasks (a part of gemm0 + gemm1, not on top of it)
     idle[g, role]     L_g * SMs of that role - busy; so busy + idle = L_g * N
     bubble_fraction   idle / (L_g * N)
     overlap_fraction  time with >= 1 transfer pushed by g AND >= 1 GEMM task on g running,
@@ -114,6 +116,9 @@ def summarize(policy: str, plan: Plan, graph: TaskGraph, start, end, sm, roles: 
     for k, name in enumerate(KIND_NAMES[:-1]):
         m = ran & (graph.kind == k)
         by_kind[name] = np.bincount(gpu[m], weights=d[m], minlength=G)
+    if graph.shared is not None:
+        m = ran & (graph.shared > 0)
+        by_kind["shared_expert"] = np.bincount(gpu[m], weights=d[m], minlength=G)
     span = np.maximum(lat, 1)
     is_tx = cls == C_COMM
     bytes_out = np.bincount(gpu[is_tx], weights=graph.nbytes[is_tx], minlength=G)

@@ -16,7 +16,7 @@ from ..presets import ModelPreset
 from ..profile import HardwareProfile
 from ..workload import LayerWorkload, layer_workload
 from .core import LayerSim
-from .dag import build_graph
+from .dag import SHARED_ORDERS, build_graph
 from .metrics import LayerResult, summarize
 from .plan import Plan
 from .policies import parse_policy
@@ -53,6 +53,10 @@ class SimOptions:
     kernel_deciders: which SMs make weave's in-kernel decision under `kernel:weave*` (policies/kernel.py):
         'table' (the megakernel since 9caebac: the SMs below the cost table's max_comm_sms, one under a fixed C;
         the others start at once) or 'all' (the kernels before it: every SM decides, and waits for it).
+    shared: the model's shared experts (one FFN of width num_shared_experts * I per GPU, on its own tokens, no
+        dispatch or combine; dag.py "Shared experts"): 'off' (not simulated), 'first' (their tiles ahead of every
+        routed tile in the GPU's GEMM queue) or 'last' (after every routed tile). A no-op for a model without
+        shared experts.
     """
 
     seed: int = 0
@@ -68,6 +72,7 @@ class SimOptions:
     record_timeline: bool = False
     kernel_deciders: str = "table"
     piece_deal: str = "round-robin"
+    shared: str = "off"
 
     def __post_init__(self) -> None:
         from .dag import DISPATCH_ORDERS
@@ -89,6 +94,8 @@ class SimOptions:
             raise ValueError(f"piece_deal must be one of {PIECE_DEALS}, got {self.piece_deal!r}")
         if self.kernel_deciders not in DECIDER_MODES:
             raise ValueError(f"kernel_deciders must be one of {DECIDER_MODES}, got {self.kernel_deciders!r}")
+        if self.shared not in SHARED_ORDERS:
+            raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {self.shared!r}")
         if self.fairness not in FAIRNESS:
             raise ValueError(f"fairness must be one of {FAIRNESS}, got {self.fairness!r}")
 
@@ -117,14 +124,22 @@ class SimContext:
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
                                             dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows,
                                             expert_pad_rows=o.expert_pad_rows, piece_deal=o.piece_deal,
-                                            gemm_clock=None if ck is None else np.array(ck))
+                                            gemm_clock=None if ck is None else np.array(ck), shared=o.shared)
         return self._graphs[key]
+
+    @property
+    def weight_bytes(self) -> np.ndarray:
+        """int64 [G]: weight bytes each GPU streams: its active routed experts', plus the shared experts' when
+        simulated."""
+        w = self.workload
+        return w.weight_bytes + (w.shared_weight_bytes if self.options.shared != "off" else 0)
 
     def simulate(self, plan: Plan) -> LayerResult:
         """One run of the engine; with a power model in the profile, runs until the SM clock is consistent with
         the layer's load (POWER_ITERATIONS at most): the layer is simulated at a clock, its GEMM FLOPs and the
         weight bytes it streams from HBM (each active expert's once) over its latency give the power and so the
-        clock the cap allows, and the layer is simulated again at that clock. The power a layer draws is taken
+        clock the cap allows, and the layer is simulated again at that clock (the shared experts' weights count too
+        when they are simulated). The power a layer draws is taken
         to be what a stream of such layers averages to (the cap is held over many layers). From full clock the
         clocks only fall and settle. The result's `gemm_clock` is the clock per GPU it ran at (None without a
         power model)."""
@@ -135,7 +150,7 @@ class SimContext:
             res = self._simulate_once(plan, clock, t0)
             if power is None:
                 return res
-            tbs = np.asarray(self.workload.weight_bytes, dtype=np.float64) / max(res.latency_ns, 1) / 1e3
+            tbs = np.asarray(self.weight_bytes, dtype=np.float64) / max(res.latency_ns, 1) / 1e3
             new = power.clock(gemm_tflops(res), clock, tbs)
             if np.max(np.abs(new - clock)) < POWER_TOLERANCE:
                 break

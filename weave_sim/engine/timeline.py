@@ -3,7 +3,8 @@
 Layout: one process per GPU (pid = GPU index), one thread per SM (tid = SM index). Every task an SM ran
 is a complete event (ph 'X', ts and dur in microseconds) named by its kind (count_exchange, dispatch,
 gemm0, gemm1, combine, reduce, and 'choose' for the tail of Weave's count exchange that decides (c*, K*),
-args c_star and k_star: the names and args of weave_kernel/timeline.py) with cat = the SM's role ('comm' or
+args c_star and k_star: the names and args of weave_kernel/timeline.py; a shared expert's gemm0/gemm1 has the
+arg shared = 'first' or 'last') with cat = the SM's role ('comm' or
 'compute'; under `sequential`, where SMs have no fixed role, the task's own nature). Gaps between an SM's
 tasks up to its GPU's end are 'wait' events. NVLink rates are counter tracks (ph 'C', 'nvlink GB/s',
 args egress and ingress) per GPU: sampled at every rate change when the run recorded them
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .dag import C_COMM, C_CTRL, C_VIRTUAL, K_CTRL, KIND_NAMES
+from .dag import C_COMM, C_CTRL, C_VIRTUAL, K_CTRL, KIND_NAMES, SHARED_FIRST, SHARED_LAST
+
+SHARED_NAMES = {SHARED_FIRST: "first", SHARED_LAST: "last"}
 from .hardware import ROLE_ANY, ROLE_NAMES
 from .metrics import LayerResult
 
@@ -44,6 +47,8 @@ def chrome_trace_events(result: LayerResult) -> list[dict]:
             args.update(peer=int(g_.peer[t]), bytes=int(g_.nbytes[t]))
         if g_.tiles[t] > 1:
             args["tiles"] = int(g_.tiles[t])
+        if g_.shared is not None and g_.shared[t]:
+            args["shared"] = SHARED_NAMES[int(g_.shared[t])]
         start, end = int(result.start_ns[t]), int(result.end_ns[t])
         decision = result.plan.decision_ns if g_.kind[t] == K_CTRL and not result.plan.decision_sms else 0
         if decision:  # the kernel records its in-kernel (c*, K*) decision as a separate 'choose' event
