@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from . import costmodel as cm
 from .config import add_run_arguments, config_from_args, resolve
+from .engine.dag import SHARED_ORDERS
 from .engine import plot_gantt, plot_latency_vs_c, policy_names, simulate_layer, simulate_model, sweep, write_chrome_trace
 from .placement import placement_for
 from .report import write_json
@@ -19,22 +21,42 @@ def _progress(args) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def _lower_bounds_ns(res) -> np.ndarray:
-    vol = cm.Volumes.from_workloads(model_workloads(res.routing, res.model, res.placement), res.profile)
+def _lower_bounds_ns(res, shared: str = "off") -> np.ndarray:
+    """[L]: the lower bound of each layer (costmodel.lower_bound_ns), with the shared experts' FLOPs and weight bytes
+    added when they are simulated (the cost model's T(c, K) and the in-kernel choice ignore them)."""
+    workloads = model_workloads(res.routing, res.model, res.placement)
+    vol = cm.Volumes.from_workloads(workloads, res.profile)
+    if shared != "off":
+        def stack(name):
+            return np.stack([np.asarray(getattr(w, name), dtype=np.float64) for w in workloads])
+
+        vol = dataclasses.replace(vol, flops=vol.flops + stack("shared_flops"),
+                                  weight_bytes=vol.weight_bytes + stack("shared_weight_bytes"))
     return cm.lower_bound_ns(vol, res.profile).max(axis=1)
 
 
-def _layer_outputs(res, result, layer_pos: int, oracle: bool) -> list:
+def _shared_note(model, shared: str) -> str:
+    """The header's word on shared experts."""
+    if shared == "off" or not model.num_shared_experts:
+        extra = " (the model has none)" if shared != "off" else ""
+        return f"shared experts {shared}{extra}"
+    return (f"shared experts {shared} ({model.num_shared_experts} x I = one FFN of width {model.shared_ffn_size} "
+            f"per GPU)")
+
+
+def _layer_outputs(res, result, layer_pos: int, oracle: bool, shared: str = "off") -> list:
     """Chrome trace, SM Gantt and latency-vs-c plot of one layer (re-simulated with the timeline kept)."""
     out, layer = res.config.out, int(res.layer_ids[layer_pos])
     w = layer_workload(res.routing[:, layer_pos, :], res.model, placement_for(res.placement, layer_pos))
-    chosen = simulate_layer(w, res.profile, result.policy, seed=res.config.seed, record_timeline=True, layer=layer)
-    best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer) if oracle else None
+    chosen = simulate_layer(w, res.profile, result.policy, seed=res.config.seed, record_timeline=True, layer=layer,
+                            shared=shared)
+    best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer,
+                          shared=shared) if oracle else None
     return [
         write_chrome_trace(chosen, out / f"timeline-layer{layer}.json"),
         plot_gantt(chosen, out / f"gantt-layer{layer}.png"),
         plot_latency_vs_c(w, res.profile, out / f"latency-vs-c-layer{layer}.png", chosen=chosen, oracle=best,
-                          seed=res.config.seed),
+                          seed=res.config.seed, shared=shared),
     ]
 
 
@@ -45,14 +67,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          f"({', '.join(map(str, res.layer_ids))})")
     t0 = time.perf_counter()
     result = simulate_model(res.routing, res.model, res.placement, res.profile, args.policy,
-                            seed=res.config.seed, progress=_progress(args))
+                            seed=res.config.seed, progress=_progress(args), shared=args.shared)
     wall_s = time.perf_counter() - t0
     for pos, r in enumerate(result.layers):  # layer numbers of the model, not of the selection
         r.layer = int(res.layer_ids[pos])
-    bound = _lower_bounds_ns(res)
+    bound = _lower_bounds_ns(res, args.shared)
     print(f"# routing: {res.routing_source}; {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
           f"{res.config.placement} placement; "
-          f"profile {res.profile.name} ({res.profile.version})")
+          f"profile {res.profile.name} ({res.profile.version}); {_shared_note(res.model, args.shared)}")
     print(result.format())
     total = result.total_ns
     print(f"# lower bound {bound.sum() / 1e3:.1f} us = {bound.sum() / total:.1%} of the simulated {total / 1e3:.1f} us; "
@@ -64,8 +86,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"# writing the Chrome trace and plots of layer {int(res.layer_ids[slowest])} (--no-plots skips them)",
                   flush=True)
-        files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle)
-    payload = {"config": {**res.describe(), "policy": args.policy}, "results": result.to_dict(),
+        files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle, shared=args.shared)
+    payload = {"config": {**res.describe(), "policy": args.policy, "shared": args.shared}, "results": result.to_dict(),
                "lower_bound_us": (bound / 1e3).tolist(), "wall_s": wall_s, "files": [str(f) for f in files]}
     path = write_json(res.config.out / "simulate.json", payload)
     print("wrote " + ", ".join(str(p) for p in [path, *files]))
@@ -83,15 +105,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not grid or min(grid) < 1 or max(grid) >= sms:
         raise ValueError(f"--static-grid values must lie in [1, {sms - 1}] (the profile's {sms} SMs), got {args.static_grid}")
     table = sweep(res.routing, res.model, res.placement, res.profile, policies, static_grid=grid,
-                  seed=res.config.seed, progress=_progress(args))
+                  seed=res.config.seed, progress=_progress(args), shared=args.shared)
     table.layers = [int(x) for x in res.layer_ids]
     print(f"# {res.model.name}: {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
-          f"routing {res.routing_source}, profile {res.profile.name}; latency in us")
+          f"routing {res.routing_source}, profile {res.profile.name}, {_shared_note(res.model, args.shared)}; "
+          f"latency in us")
     print(table.format())
-    path = write_json(res.config.out / "sweep.json", {"config": {**res.describe(), "policies": policies},
+    path = write_json(res.config.out / "sweep.json", {"config": {**res.describe(), "policies": policies,
+                                                                 "shared": args.shared},
                                                       "results": table.to_dict()})
     print(f"wrote {path}")
     return 0
+
+
+def _add_shared_argument(p) -> None:
+    p.add_argument("--shared", default="off", choices=list(SHARED_ORDERS),
+                   help="simulate the model's shared experts (one FFN of width shared x I per GPU on its own tokens), "
+                        "their GEMM tiles first or last in each GPU's tile queue (default off; docs/engine.md)")
 
 
 def add_sim_commands(sub) -> None:
@@ -102,6 +132,7 @@ def add_sim_commands(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the Chrome trace and PNGs")
     p.add_argument("--no-oracle", action="store_true", help="leave the oracle point out of the latency-vs-c plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_shared_argument(p)
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("sweep", help="policies x layers table with speedups vs sequential and the best static split")
     add_run_arguments(p)
@@ -109,4 +140,5 @@ def add_sim_commands(sub) -> None:
                    help=f"comma-separated, each one of {policy_names()} (static:C, weave:C; default %(default)s)")
     p.add_argument("--static-grid", default="4,8,12,16,20,24,32,48,64", help="C values for the best static split")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_shared_argument(p)
     p.set_defaults(func=cmd_sweep)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .placement import Placement, contiguous, explicit
-from .presets import ModelPreset
+from .presets import ModelPreset, get_model
 from .profile import HardwareProfile, profile_from_dict
 from .workload import workload_from_counts
 
@@ -72,8 +72,35 @@ def result_placement(r: dict) -> Placement:
     return contiguous(int(r["experts"]), int(r["gpus"]))
 
 
+def result_shared(r: dict) -> str:
+    """Where a benchmark result's kernel computed the fused shared expert: its "shared" ('off', 'first' or 'last':
+    its tiles before or after every routed tile in the tile queue); results without it ran none ('off')."""
+    from .engine.dag import SHARED_ORDERS
+
+    shared = r.get("shared", "off")
+    if shared not in SHARED_ORDERS:
+        raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')}: unknown shared {shared!r} "
+                         f"(known: {', '.join(SHARED_ORDERS)})")
+    return shared
+
+
+def result_shared_experts(r: dict) -> int:
+    """Shared experts of the layer a result ran (the fused FFN is this many x I wide): 0 unless result_shared is
+    'first' or 'last'; then its "shared_experts", else the count of the preset (or spec) its "model" names."""
+    if result_shared(r) == "off":
+        return 0
+    if r.get("shared_experts") is not None:
+        return int(r["shared_experts"])
+    try:
+        return get_model(r["model"]).num_shared_experts
+    except (KeyError, ValueError):
+        raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')} ran shared {r['shared']!r} but names "
+                         f"neither 'shared_experts' nor a known model") from None
+
+
 def _layer_from_result(r: dict):
-    model = ModelPreset(r["model"], int(r["hidden"]), int(r["inter"]), int(r["experts"]), int(r["top_k"]), 0, 1)
+    model = ModelPreset(r["model"], int(r["hidden"]), int(r["inter"]), int(r["experts"]), int(r["top_k"]),
+                        result_shared_experts(r), 1)
     placement = result_placement(r)
     c = r.get("counts")
     if c is None:
@@ -167,7 +194,7 @@ TABLE_DECIDER_SOURCES = frozenset({"sha256:a316c1b34f92143f", "sha256:0ecf088e94
 
 def kernel_options(r: dict) -> dict:
     """Engine options that model the kernel a benchmark result was measured on (results read through
-    bench_results name their deciders)."""
+    bench_results name their deciders; a result that ran the fused shared expert adds its position, `shared`)."""
     layout = r.get("kernel_layout", "segment-padded")
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"unknown kernel_layout {layout!r} (known: {sorted(KERNEL_LAYOUTS)})")
@@ -176,7 +203,8 @@ def kernel_options(r: dict) -> dict:
     deciders = r.get("kernel_deciders", "all")
     if deciders not in DECIDER_MODES:
         raise ValueError(f"unknown kernel_deciders {deciders!r} (known: {', '.join(DECIDER_MODES)})")
-    return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders}
+    shared = result_shared(r)
+    return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders, **({"shared": shared} if shared != "off" else {})}
 
 
 def bench_results(data: dict) -> list[dict]:
