@@ -86,16 +86,23 @@ def result_shared(r: dict) -> str:
 
 def result_shared_experts(r: dict) -> int:
     """Shared experts of the layer a result ran (the fused FFN is this many x I wide): 0 unless result_shared is
-    'first' or 'last'; then its "shared_experts", else the count of the preset (or spec) its "model" names."""
+    'first' or 'last'; then its "inter_shared" (the FFN's width, as bench records it) / "inter", else its
+    "shared_experts", else the count of the preset (or spec) its "model" names."""
     if result_shared(r) == "off":
         return 0
+    if r.get("inter_shared") is not None:
+        width, inter = int(r["inter_shared"]), int(r["inter"])
+        if width % inter:
+            raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')}: inter_shared {width} is not a "
+                             f"multiple of inter {inter} (the engine's shared FFN is shared experts x I wide)")
+        return width // inter
     if r.get("shared_experts") is not None:
         return int(r["shared_experts"])
     try:
         return get_model(r["model"]).num_shared_experts
     except (KeyError, ValueError):
         raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')} ran shared {r['shared']!r} but names "
-                         f"neither 'shared_experts' nor a known model") from None
+                         f"neither 'inter_shared', 'shared_experts' nor a known model") from None
 
 
 def _layer_from_result(r: dict):

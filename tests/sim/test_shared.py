@@ -209,7 +209,10 @@ def test_validate_simulates_a_fused_shared_result(tmp_path):
     on = validate_result(last, prof).predicted_ms["static:4"]
     assert on > off
     assert validate_result({**r, "shared": "last", "shared_experts": 0}, prof).predicted_ms["static:4"] == off
-    with pytest.raises(ValueError, match="shared_experts"):
+    assert validate_result({**r, "shared": "last", "inter_shared": 128}, prof).predicted_ms["static:4"] == on
+    with pytest.raises(ValueError, match="not a multiple"):
+        validate_result({**r, "shared": "last", "inter_shared": 100}, prof)
+    with pytest.raises(ValueError, match="inter_shared"):
         validate_result({**r, "shared": "first"}, prof)  # model "m": no preset to take the count from
     with pytest.raises(ValueError, match="unknown shared"):
         result_shared({**r, "shared": "both"})
