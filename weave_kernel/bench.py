@@ -104,6 +104,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="time the megakernel's policies as replays of a CUDA graph of one call ('on'; the reference "
                          "stays eager), or both ways in the same interleaved rounds ('ab': graph times in "
                          "graph_latency_ms, eager / graph in graph_speedup)")
+    ap.add_argument("--shared", choices=("off", "first", "last"), default="off",
+                    help="models with shared experts: compute them inside the megakernel, their tiles before ('first') "
+                         "or after ('last') the routed experts' in the ticket order; the reference runs them after "
+                         "its combine, and shared_separate_ms times the megakernel without them followed by the same "
+                         "dense FFN (off: routed experts only, as before)")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
     args = ap.parse_args(argv)
     if args.weave_nosteal and args.no_weave:
@@ -160,22 +165,25 @@ def kernel_sources(args) -> dict:
     return out
 
 
-def lower_bound(all_ids: np.ndarray, model, placement) -> tuple[float, dict]:
-    """Layer lower bound in ms from weave_sim (slowest GPU), and the per-GPU volumes."""
+def lower_bound(all_ids: np.ndarray, model, placement, shared: bool = False) -> tuple[float, dict]:
+    """Layer lower bound in ms from weave_sim (slowest GPU), and the per-GPU volumes. shared: the layer computes its
+    shared experts too (their FLOPs and weight bytes join the bound's)."""
     from weave_sim.workload import layer_workload
 
     wl = layer_workload(all_ids, model, placement)
-    vol = {"flops": wl.flops.tolist(), "pairs_out": wl.outgoing_pairs.tolist(), "pairs_in": wl.incoming_pairs.tolist()}
+    flops = wl.flops + (wl.shared_flops if shared else 0)
+    vol = {"flops": flops.tolist(), "pairs_out": wl.outgoing_pairs.tolist(), "pairs_in": wl.incoming_pairs.tolist()}
     try:
-        from weave_sim.costmodel import Volumes, lower_bound_ns
+        from weave_sim.costmodel import bound_volumes, lower_bound_ns
         from weave_sim.profile import load_profile
 
         prof = load_profile("h200")
-        lb_ms = float(lower_bound_ns(Volumes.from_workloads([wl], prof), prof).max()) / 1e6
+        lb_ms = float(lower_bound_ns(bound_volumes([wl], prof, shared), prof).max()) / 1e6
         vol["bound"] = "weave_sim.costmodel.lower_bound_ns(h200)"
     except Exception as exc:  # noqa: BLE001 - fall back to measured-h200.md's formula, and say so
         link = np.maximum(wl.dispatch_bytes_in + wl.combine_bytes_in, wl.dispatch_bytes_out + wl.combine_bytes_out)
-        lb_ms = float(np.max(np.maximum.reduce([wl.flops / 750e12, link / 350e9, wl.weight_bytes / 4.3e12]))) * 1e3
+        wb = wl.weight_bytes + (wl.shared_weight_bytes if shared else 0)
+        lb_ms = float(np.max(np.maximum.reduce([flops / 750e12, link / 350e9, wb / 4.3e12]))) * 1e3
         vol["bound"] = f"fallback max(F/750TF, bytes/350GB/s, W/4.3TB/s) ({exc})"
     return lb_ms, vol
 
@@ -200,7 +208,15 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     kw = dict(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k, placement=placement,
               max_tokens=max_tokens, cost_profile=args.cost_profile, num_ctas=args.num_ctas or None,
               dispatch=args.dispatch)
+    # the shared expert (num_shared_experts x I wide, as one FFN), with --shared on a model that has one
+    inter_shared = model.num_shared_experts * I if args.shared != "off" else 0
+    kw["shared_inter"] = inter_shared
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
+    layer.shared_w = None
+    if inter_shared:
+        from .reference import make_shared_weights
+
+        layer.shared_w = make_shared_weights(H, inter_shared, device=dev, generator=gen)
     if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
         from .build import load_extension
 
@@ -236,9 +252,15 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         res["layer"] = moe_layer
     if args.placement != "contiguous":  # read back by weave_sim.validate.result_placement
         res["placement"], res["placement_owner"] = args.placement, placement.owner.tolist()
+    sw = layer.shared_w  # the shared expert's weights, or None
+    order = args.shared if sw is not None else "off"
+    res["shared"] = order  # read back by weave_sim.validate.result_shared
+    if sw is not None:
+        res["inter_shared"] = layer.shared_inter
+    kshared = {} if sw is None else {"shared": sw, "shared_order": order}
 
-    y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)
-    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx)}
+    y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx, shared=sw)
+    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx, shared=sw)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
         policies += ["weave"] + (["weave-nosteal"] if args.weave_nosteal else []) + \
@@ -249,7 +271,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     py_choice = model_choice(res["counts"], geo, placement, args.cost_profile)
     errs = {}
     for pol in policies:
-        y = layer(x, ids_d, w_d, w13, w2, policy=pol)  # checked call: raises on any kernel error
+        y = layer(x, ids_d, w_d, w13, w2, policy=pol, **kshared)  # checked call: raises on any kernel error
         errs[pol] = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
         if pol == "weave":
             kc = [None] * world
@@ -258,7 +280,19 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                 "kernel": kc, "cost_model": py_choice,
                 "agrees": [choice_agrees(k, p) for k, p in zip(kc, py_choice)],
                 "profile": args.cost_profile, "note": "c_star/k_star per rank; comm_ctas_used = min(c*, CTAs - 1)"}
-        fns[pol] = lambda pol=pol: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)
+        fns[pol] = lambda pol=pol: layer(x, ids_d, w_d, w13, w2, policy=pol, check=False, **kshared)
+    separate = []  # the shared expert outside the megakernel: the layer without it, then the dense FFN, added
+    if sw is not None:
+        from .reference import shared_ffn
+
+        for pol in [p for p in ("weave", "static:20") if p in policies]:
+            def sep(pol=pol):
+                y = layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)
+                return y.add_(shared_ffn(x, sw[0], sw[1]))
+            y = sep()
+            errs[f"separate:{pol}"] = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
+            fns[f"separate:{pol}"] = sep
+            separate.append(pol)
     if args.cuda_graph != "off":
         res["cuda_graph"] = args.cuda_graph
         res["host_us_per_call"] = {}
@@ -274,6 +308,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     for name, t in ms.items():
         if name.startswith("graph:"):
             res.setdefault("graph_latency_ms", {})[name[6:]] = max_over_ranks(t)
+        elif name.startswith("separate:"):  # not a policy of the megakernel: kept out of latency_ms
+            res.setdefault("shared_separate_ms", {})[name[9:]] = max_over_ranks(t)
         else:
             res["latency_ms"][name] = max_over_ranks(t)
     if "graph_latency_ms" in res:  # above 1: the graph replay is faster than the same call issued eagerly
@@ -292,7 +328,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
     res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
 
-    lb_ms, vol = lower_bound(all_ids, model, placement)
+    lb_ms, vol = lower_bound(all_ids, model, placement, shared=sw is not None)
     statics = {p: t for p, t in res["latency_ms"].items() if p.startswith("static:")}
     best = min(statics, key=statics.get)
     t_best = statics[best]
@@ -326,7 +362,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         from .timeline import process_metadata, write_chrome_trace
 
         best = best if args.trace_policy == "best-static" else args.trace_policy
-        layer(x, ids_d, w_d, w13, w2, policy=best, record_timeline=True)
+        layer(x, ids_d, w_d, w13, w2, policy=best, record_timeline=True, **kshared)
         torch.cuda.synchronize()
         events, base = layer.timeline_events()
         t = torch.tensor([base], dtype=torch.int64, device=dev)
@@ -534,6 +570,8 @@ def main(argv=None) -> int:
     if sum(map(bool, (args.ab_csrc, args.ab_cost_profile, args.ab_dispatch))) > 1:
         raise SystemExit("weave_kernel.bench: --ab-csrc, --ab-cost-profile and --ab-dispatch are different A/Bs; "
                          "give one")
+    if args.shared != "off" and (args.ab_csrc or args.ab_cost_profile or args.ab_dispatch):
+        raise SystemExit("weave_kernel.bench: the A/B modes time the routed experts only; give --shared off with them")
     if args.ab_cost_profile:
         from weave_sim.profile import ProfileError, load_profile
 
@@ -562,7 +600,8 @@ def main(argv=None) -> int:
     models = {name: bench_model(name, args, world) for name in args.models.split(",")}
     for name, model in models.items():  # a geometry the kernel cannot run fails here, before any GPU work
         try:
-            check_geometry(model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, world, world)
+            check_geometry(model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, world, world,
+                           model.num_shared_experts * model.expert_ffn_size if args.shared != "off" else 0)
         except ValueError as exc:
             raise SystemExit(f"weave_kernel.bench: model {name}: {exc}")
     rows = []

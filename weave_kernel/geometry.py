@@ -7,8 +7,16 @@ MAX_RANKS = 8
 MAX_RANK_EXPERTS = 2048  # world x num_experts: the count matrix the kernel keeps in shared memory
 
 
-def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world: int, placement_gpus: int) -> None:
-    """Raise ValueError when the layer geometry is outside what the kernel supports."""
+MAX_SHARED_INTER = 131072  # the shared expert's width Is (num_shared_experts x I for the presets)
+
+
+def check_geometry(hidden: int, inter: int, num_experts: int, top_k: int, world: int, placement_gpus: int,
+                   shared_inter: int = 0) -> None:
+    """Raise ValueError when the layer geometry is outside what the kernel supports. shared_inter: the shared
+    expert's FFN width (0: none)."""
+    if shared_inter < 0 or shared_inter % DIM_ALIGN or shared_inter > MAX_SHARED_INTER:
+        raise ValueError(f"the shared expert's width ({shared_inter}) must be 0 (none) or a positive multiple of "
+                         f"{DIM_ALIGN} up to {MAX_SHARED_INTER}")
     if hidden <= 0 or inter <= 0 or hidden % DIM_ALIGN or inter % DIM_ALIGN:
         raise ValueError(f"hidden ({hidden}) and expert_ffn ({inter}) must be positive multiples of {DIM_ALIGN}")
     if placement_gpus != world:

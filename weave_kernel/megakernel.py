@@ -10,6 +10,11 @@ One object per rank and layer geometry:
 
 x [N, H] bf16, topk_ids [N, k] int32/int64 global ids, topk_weights [N, k] fp32, w13 [E_loc, 2I, H] bf16,
 w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_experts(rank)); y [N, H] bf16.
+
+A shared expert (always on, this rank's own tokens; no dispatch, no combine) is computed inside the same launch when
+the layer is built with `shared_inter=Is` and called with `shared=(w13s [2Is, H], w2s [H, Is])`: its tiles take the
+tickets before (`shared_order="first"`) or after (`"last"`, the default) the routed experts' and its output is added
+in the reduction, y = shared(x) + sum_j w_j expert_j(x).
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_i
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
-from .validate import check_layer_inputs
+from .validate import check_layer_inputs, check_shared_weights
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
@@ -41,7 +46,10 @@ ERROR_TEXT = {
     6: "timeout waiting for GEMM0 of row block {0} (column block {1})",
     7: "timeout waiting for the combine rows of rank {0}",
     8: "timeout waiting for a TMA load (pipeline stage {0}, k step {1}; stage -1: dispatch row copy piece {1})",
+    9: "timeout waiting for GEMM0 of the shared expert's row block {0} (column block {1})",
+    10: "timeout waiting for the shared expert's GEMM1 tiles ({1} expected) before the reduction",
 }
+SHARED_ORDERS = ("first", "last")  # where the shared expert's tiles sit in the ticket order (Params::shared_first)
 
 
 def build_cost_table(profile=DEFAULT_COST_PROFILE) -> np.ndarray:
@@ -110,13 +118,15 @@ class MoEMegakernel:
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
-                 num_ctas: int | None = None, dispatch: str = "threads"):
+                 num_ctas: int | None = None, dispatch: str = "threads", shared_inter: int = 0):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
         package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
         (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
         set by `connect`). `num_ctas`: the grid (default: one CTA per SM). `dispatch`: how a comm CTA copies its
         rows, "threads" (all threads, 16-byte loads and stores) or "bulk" / "bulk:W" (bulk copies through the CTA's
-        operand stages issued by W warps, csrc/bulk_copy.cuh; measured on one GPU only, docs/kernel.md)."""
+        operand stages issued by W warps, csrc/bulk_copy.cuh; measured on one GPU only, docs/kernel.md).
+        `shared_inter`: the shared expert's FFN width Is (num_shared_experts x I for the presets; 0: none), which
+        sizes its scratch; calls may then pass `shared=(w13s, w2s)`."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -131,7 +141,7 @@ class MoEMegakernel:
         else:
             self.world = dist.get_world_size(group) if self.distributed else 1
             self.rank = dist.get_rank(group) if self.distributed else 0
-        check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus)
+        check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus, shared_inter)
         if placement.num_experts != num_experts:
             raise ValueError(f"placement has {placement.num_experts} experts, the layer {num_experts}")
         if max_tokens < 1:
@@ -167,6 +177,13 @@ class MoEMegakernel:
         self.h = torch.empty(self.plan.recv_cap_rows * inter, dtype=torch.bfloat16, device=dev)
         self.g0_done = torch.zeros(2 * self.plan.max_row_blocks, **i32)
         self.sched = torch.zeros(8, **i32)
+        # the shared expert's scratch (a 1-element placeholder when the layer has none: the kernel never reads it)
+        self.shared_inter = int(shared_inter)
+        self.max_shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
+        ns = max_tokens if self.shared_inter else 1
+        self.hs = torch.empty(ns * max(1, self.shared_inter), dtype=torch.bfloat16, device=dev)
+        self.ys = torch.empty(ns * hidden, dtype=torch.bfloat16, device=dev)
+        self.g0s_done = torch.zeros(2 * self.max_shared_blocks, **i32)
         self.grid_bar = torch.zeros(2, **i32)
         self.err = torch.zeros(4, **i32)
         self.timeline_per_cta = timeline_per_cta
@@ -233,10 +250,13 @@ class MoEMegakernel:
 
     # ---------------------------------------------------------------------------------------------------
     def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,
-                 record_timeline: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                 record_timeline: bool = False, out: torch.Tensor | None = None, shared=None,
+                 shared_order: str = "last") -> torch.Tensor:
         """Run the layer. check=True scans topk_ids and reads the error word after the launch (two host
         syncs); benchmarks pass check=False and call `raise_if_error()` once at the end.
         out: optional [N, H] bf16 contiguous output tensor (tests poison it first).
+        shared: None, or the shared expert's (w13s [2Is, H], w2s [H, Is]) bf16 weights (the layer built with
+        shared_inter=Is); shared_order: "first" or "last", where its tiles sit in the tickets (module docstring).
 
         The call can be captured in a CUDA graph (torch.cuda.graph) with check=False: every rank captures the
         same calls and replays them the same number of times; the replays read the captured tensors (copy new
@@ -250,6 +270,15 @@ class MoEMegakernel:
         check_layer_inputs(x, topk_ids, topk_weights, w13, w2, hidden=self.hidden, inter=self.inter,
                            num_experts=self.num_experts, num_local_experts=self.num_local_experts,
                            top_k=self.top_k, max_tokens=self.max_tokens, device=self.device, check_ids=check)
+        if shared is not None:
+            if self.shared_inter <= 0:
+                raise ValueError("shared= needs the layer built with shared_inter > 0 (the shared expert's width)")
+            if not isinstance(shared, (tuple, list)) or len(shared) != 2:
+                raise ValueError("shared must be a pair (w13s [2*Is, H], w2s [H, Is])")
+            check_shared_weights(shared[0], shared[1], hidden=self.hidden, inter_shared=self.shared_inter,
+                                 device=self.device)
+        if shared_order not in SHARED_ORDERS:
+            raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
         pol = parse_policy(policy, self.num_ctas)
         if record_timeline and self.timeline_per_cta <= 0:
             raise ValueError("record_timeline needs the layer built with timeline_per_cta > 0")
@@ -264,7 +293,7 @@ class MoEMegakernel:
         # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
-            params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline)
+            params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline, shared, shared_order)
             self.ext.launch(params, torch.cuda.current_stream(self.device).cuda_stream)
         except BaseException:
             self.epoch -= 1
@@ -273,9 +302,15 @@ class MoEMegakernel:
             self.raise_if_error()
         return y
 
-    def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool) -> dict:
+    def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool, shared=None,
+                shared_order: str = "last") -> dict:
         pl = self.plan
         return {
+            "w13s": shared[0].data_ptr() if shared is not None else 0,
+            "w2s": shared[1].data_ptr() if shared is not None else 0,
+            "hs": self.hs.data_ptr(), "ys": self.ys.data_ptr(), "g0s_done": self.g0s_done.data_ptr(),
+            "inter_shared": self.shared_inter if shared is not None else 0,
+            "shared_first": int(shared_order == "first"), "max_shared_blocks": self.max_shared_blocks,
             "x": x.data_ptr(), "topk_ids": ids.data_ptr(), "topk_weights": tw.data_ptr(),
             "w13": w13.data_ptr(), "w2": w2.data_ptr(), "y": y.data_ptr(),
             "expert_owner": self.expert_owner.data_ptr(), "owner_experts": self.owner_experts.data_ptr(),
@@ -320,6 +355,8 @@ class MoEMegakernel:
             region = self.symm[start:end]
             region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
         self.h.fill_(float("nan"))
+        self.hs.fill_(float("nan"))
+        self.ys.fill_(float("nan"))
 
     def raise_if_error(self) -> None:
         """Synchronise and raise RuntimeError if the kernel flagged an error (the layer is then unusable)."""

@@ -4,6 +4,7 @@ Weight layout (shared with the megakernel):
     w13: [num_local_experts, 2*I, H] bf16, rows [0, I) are the gate W1, rows [I, 2I) the up projection W3.
     w2:  [num_local_experts, H, I] bf16.
 Each token t computes y[t] = sum_j topk_weights[t, j] * W2_e (silu(W1_e x[t]) * W3_e x[t]), e = topk_ids[t, j].
+With a shared expert (w13s [2Is, H], w2s [H, Is]) every token adds its output with weight 1.
 
 Two functions:
 - `moe_reference`: one process, all experts, fp32: the correctness oracle.
@@ -23,11 +24,13 @@ def moe_reference(
     topk_weights: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Dense single-process MoE in fp32.
 
     x: [N, H]; topk_ids: [N, k] int (global expert ids in [0, E)); topk_weights: [N, k];
-    w13: [E, 2I, H]; w2: [E, H, I] (all experts). Returns y [N, H] float32.
+    w13: [E, 2I, H]; w2: [E, H, I] (all experts); shared: None or (w13s [2Is, H], w2s [H, Is]).
+    Returns y [N, H] float32.
     """
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -43,7 +46,16 @@ def moe_reference(
         a = F.silu(h[:, :inter]) * h[:, inter:]
         out = a @ w2[e].float().t()
         y.index_add_(0, tok, out * flat_w[pairs, None])
+    if shared is not None:
+        y += shared_ffn(xf, shared[0].float(), shared[1].float())
     return y
+
+
+def shared_ffn(x: torch.Tensor, w13s: torch.Tensor, w2s: torch.Tensor) -> torch.Tensor:
+    """The shared expert on every row of x: W2s (silu(W1s x) * W3s x), in x's dtype. w13s [2Is, H], w2s [H, Is]."""
+    inter = w13s.shape[0] // 2
+    h = x @ w13s.t()
+    return (F.silu(h[:, :inter]) * h[:, inter:]) @ w2s.t()
 
 
 def grouped_ffn(xs: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -78,6 +90,7 @@ def ep_moe_reference(
     expert_owner: torch.Tensor,
     expert_local_index: torch.Tensor,
     group=None,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Expert-parallel MoE layer on this rank (no overlap): all_to_all dispatch, grouped FFN, all_to_all combine.
 
@@ -85,6 +98,8 @@ def ep_moe_reference(
     w13_local: [E_loc, 2I, H]; w2_local: [E_loc, H, I] (this rank's experts);
     expert_owner / expert_local_index: [E] int64 (weave_sim Placement.owner and .local_index()).
     Without an initialised process group (or world size 1) the exchanges are identities.
+    shared: None or the shared expert's (w13s [2Is, H], w2s [H, Is]), run on this rank's tokens after the routed
+    experts (dense matmuls, no overlap) and added.
     Returns y [N, H] in x's dtype (accumulated in fp32).
     """
     import torch.distributed as dist
@@ -125,6 +140,8 @@ def ep_moe_reference(
     per_pair = torch.empty_like(back)
     per_pair[order] = back
     y = (per_pair.view(n, k, -1).float() * topk_weights.float().unsqueeze(-1)).sum(1)
+    if shared is not None:
+        y += shared_ffn(x, shared[0], shared[1]).float()
     return y.to(x.dtype)
 
 
@@ -134,3 +151,10 @@ def make_weights(num_experts: int, hidden: int, inter: int, *, dtype=torch.bfloa
     w13 = torch.randn(num_experts, 2 * inter, hidden, generator=generator, device=device) / hidden**0.5
     w2 = torch.randn(num_experts, hidden, inter, generator=generator, device=device) / inter**0.5
     return w13.to(dtype), w2.to(dtype)
+
+
+def make_shared_weights(hidden: int, inter_shared: int, *, dtype=torch.bfloat16, device="cpu",
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random shared-expert weights, scaled as make_weights: w13s [2Is, H], w2s [H, Is]."""
+    w13, w2 = make_weights(1, hidden, inter_shared, dtype=dtype, device=device, generator=generator)
+    return w13[0].contiguous(), w2[0].contiguous()

@@ -19,7 +19,11 @@ RECORD_DTYPE = np.dtype([
     ("arg1", "<i4"),
 ])
 #: Index = weave::TaskKind value.
-KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait", "choose")
+KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait", "choose", "shared_gemm0",
+              "shared_gemm1")
+#: Record kinds written to the Chrome trace under another event name (with args "shared": 1): the shared expert's
+#: tiles are GEMM tiles like the routed experts' (the simulator's trace names them the same way).
+EVENT_NAME = {"shared_gemm0": "gemm0", "shared_gemm1": "gemm1"}
 #: Index = weave::Role value.
 ROLE_NAMES = ("comm", "compute")
 
@@ -29,17 +33,20 @@ def records_to_events(records: np.ndarray, rank: int, base_ns: int) -> list[dict
     events = []
     for r in records:
         kind = KIND_NAMES[int(r["kind"])] if int(r["kind"]) < len(KIND_NAMES) else f"kind{int(r['kind'])}"
+        args = ({"c_star": int(r["arg0"]), "k_star": int(r["arg1"])}
+                if kind in ("count_exchange", "choose") and int(r["arg0"]) >= 0  # weave: the choice
+                else {"row_block": int(r["arg0"]), "col_block_or_rank": int(r["arg1"])})
+        if kind in EVENT_NAME:
+            args["shared"] = 1
         events.append({
-            "name": kind,
+            "name": EVENT_NAME.get(kind, kind),
             "cat": ROLE_NAMES[int(r["role"])] if int(r["role"]) < len(ROLE_NAMES) else "unknown",
             "ph": "X",
             "pid": rank,
             "tid": int(r["sm"]),
             "ts": (int(r["start_ns"]) - base_ns) / 1000.0,
             "dur": max(0, int(r["end_ns"]) - int(r["start_ns"])) / 1000.0,
-            "args": ({"c_star": int(r["arg0"]), "k_star": int(r["arg1"])}
-                     if kind in ("count_exchange", "choose") and int(r["arg0"]) >= 0  # weave: the choice
-                     else {"row_block": int(r["arg0"]), "col_block_or_rank": int(r["arg1"])}),
+            "args": args,
         })
     return events
 

@@ -17,6 +17,12 @@ def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
 
 
+def check_shared_weights(w13s, w2s, *, hidden: int, inter_shared: int, device=None) -> None:
+    """The shared expert's weights: w13s [2*Is, H] (gate rows, then up rows) and w2s [H, Is], bf16, contiguous."""
+    _tensor("w13s", w13s, (torch.bfloat16,), (2 * inter_shared, hidden), device)
+    _tensor("w2s", w2s, (torch.bfloat16,), (hidden, inter_shared), device)
+
+
 def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter: int, num_experts: int,
                        num_local_experts: int, top_k: int, max_tokens: int, device=None,
                        check_ids: bool = True) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from .megakernel import DEFAULT_COST_PROFILE, DEFAULT_TIMEOUT_S, MoEMegakernel
+from .megakernel import DEFAULT_COST_PROFILE, DEFAULT_TIMEOUT_S, SHARED_ORDERS, MoEMegakernel
 from .policies import parse_policy
-from .validate import check_layer_inputs
+from .validate import check_layer_inputs, check_shared_weights
 
 
 def default_ctas_per_rank(num_sms: int, world: int) -> int:
@@ -41,7 +41,7 @@ class VirtualRanks:
     def __init__(self, world: int, *, hidden: int, inter: int, num_experts: int, top_k: int, placement,
                  max_tokens: int, device=None, ctas_per_rank: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads"):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads", shared_inter: int = 0):
         from .build import load_extension
 
         self.world = int(world)
@@ -58,7 +58,7 @@ class VirtualRanks:
             MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=placement,
                           max_tokens=max_tokens, device=self.device, timeout_s=timeout_s,
                           timeline_per_cta=timeline_per_cta, cost_profile=cost_profile, ext=ext,
-                          virtual=(r, self.world), num_ctas=n, dispatch=dispatch)
+                          virtual=(r, self.world), num_ctas=n, dispatch=dispatch, shared_inter=shared_inter)
             for r in range(self.world)
         ]
         for layer in self.layers:
@@ -80,11 +80,13 @@ class VirtualRanks:
         torch.cuda.synchronize(self.device)  # the ranks' own streams see the new tables
 
     def __call__(self, xs, topk_ids, topk_weights, w13s, w2s, *, policy: str = "static:8", check: bool = True,
-                 record_timeline: bool = False, outs=None) -> list[torch.Tensor]:
+                 record_timeline: bool = False, outs=None, shared=None, shared_order: str = "last") -> list[torch.Tensor]:
         """One call of the layer on every rank (lists indexed by rank). Every rank's inputs are checked before
         any grid starts (a rank that never launches would leave the others waiting until their timeout).
-        check=True also synchronises and raises if any rank's kernel flagged an error."""
-        args = (xs, topk_ids, topk_weights, w13s, w2s) + ((outs,) if outs is not None else ())
+        check=True also synchronises and raises if any rank's kernel flagged an error.
+        shared: None or, per rank, the shared expert's (w13s, w2s) (MoEMegakernel.__call__)."""
+        args = (xs, topk_ids, topk_weights, w13s, w2s) + ((outs,) if outs is not None else ()) + \
+            ((shared,) if shared is not None else ())
         if any(len(a) != self.world for a in args):
             raise ValueError(f"every per-rank argument must be a list of {self.world} tensors")
         parse_policy(policy, self.num_ctas)
@@ -95,15 +97,23 @@ class VirtualRanks:
                                inter=layer.inter, num_experts=layer.num_experts,
                                num_local_experts=layer.num_local_experts, top_k=layer.top_k,
                                max_tokens=layer.max_tokens, device=self.device, check_ids=True)
+            if shared is not None:
+                if layer.shared_inter <= 0:
+                    raise ValueError("shared= needs the ranks built with shared_inter > 0")
+                check_shared_weights(shared[r][0], shared[r][1], hidden=layer.hidden, inter_shared=layer.shared_inter,
+                                     device=self.device)
+        if shared_order not in SHARED_ORDERS:
+            raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
         cur = torch.cuda.current_stream(self.device)
         ys = []
         for r, (layer, stream) in enumerate(zip(self.layers, self.streams)):
             stream.wait_stream(cur)  # inputs written on the caller's stream
-            for t in (xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r]):
+            for t in (xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r]) + (tuple(shared[r]) if shared else ()):
                 t.record_stream(stream)  # not reused by the allocator before this rank's grid is done
             with torch.cuda.stream(stream):
                 ys.append(layer(xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r], policy=policy, check=False,
-                                record_timeline=record_timeline, out=None if outs is None else outs[r]))
+                                record_timeline=record_timeline, out=None if outs is None else outs[r],
+                                shared=None if shared is None else shared[r], shared_order=shared_order))
         for stream, y in zip(self.streams, ys):
             cur.wait_stream(stream)
             y.record_stream(cur)

@@ -13,7 +13,7 @@ The same formulas, evaluated from the exported table, run inside the kernel (wea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,6 +55,20 @@ class Volumes:
             rows_per_expert=stack(lambda w: w.computed_pairs // np.maximum(w.active_local_experts, 1)),
             gemm_tiles=stack(lambda w: w.gemm_tiles(profile.tile_rows, profile.tile_cols)),
         )
+
+
+def bound_volumes(workloads: list[LayerWorkload], profile: HardwareProfile, shared: bool = False) -> Volumes:
+    """Volumes for lower_bound_ns. shared: the layers compute their shared experts too, so their FLOPs and weight bytes
+    join the bound's (T(c, K) below, like the in-kernel choice, leaves them out)."""
+    vol = Volumes.from_workloads(workloads, profile)
+    if not shared:
+        return vol
+
+    def stack(name):
+        return np.stack([np.asarray(getattr(w, name), dtype=np.float64) for w in workloads])
+
+    return replace(vol, flops=vol.flops + stack("shared_flops"),
+                   weight_bytes=vol.weight_bytes + stack("shared_weight_bytes"))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
@@ -25,13 +24,7 @@ def _lower_bounds_ns(res, shared: str = "off") -> np.ndarray:
     """[L]: the lower bound of each layer (costmodel.lower_bound_ns), with the shared experts' FLOPs and weight bytes
     added when they are simulated (the cost model's T(c, K) and the in-kernel choice ignore them)."""
     workloads = model_workloads(res.routing, res.model, res.placement)
-    vol = cm.Volumes.from_workloads(workloads, res.profile)
-    if shared != "off":
-        def stack(name):
-            return np.stack([np.asarray(getattr(w, name), dtype=np.float64) for w in workloads])
-
-        vol = dataclasses.replace(vol, flops=vol.flops + stack("shared_flops"),
-                                  weight_bytes=vol.weight_bytes + stack("shared_weight_bytes"))
+    vol = cm.bound_volumes(workloads, res.profile, shared=shared != "off")
     return cm.lower_bound_ns(vol, res.profile).max(axis=1)
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from weave_kernel.megakernel import MoEMegakernel
-from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
+from weave_kernel.reference import ep_moe_reference, make_shared_weights, make_weights, moe_reference, shared_ffn
 from weave_kernel.symm import init_ranks
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.timeline import write_chrome_trace
@@ -85,15 +85,18 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
              routing: str = "skewed", placement: str = "contiguous",
              policies=("sequential", "static:8", "static:64", "weave", "weave:16", "weave-nosteal"),
              repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False,
-             x_scale: float = 1.0) -> None:
+             x_scale: float = 1.0, shared_inter: int = 0, shared_calls=(None,)) -> None:
+    """shared_inter > 0: the layer has a shared expert of that width; shared_calls: per policy, one call per entry,
+    None (without the shared expert) or its ticket order "first" / "last"."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
-    key = (hidden, inter, num_experts, top_k, placement, max(tokens))
+    key = (hidden, inter, num_experts, top_k, placement, max(tokens), shared_inter)
     layer = (layer_cache or {}).get(key)
     if layer is None:
         layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                              max_tokens=max(tokens), timeline_per_cta=512, dispatch=DISPATCH[0])
+                              max_tokens=max(tokens), timeline_per_cta=512, dispatch=DISPATCH[0],
+                              shared_inter=shared_inter)
         if layer_cache is not None:
             layer_cache[key] = layer
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)  # same weights on every rank
@@ -101,6 +104,7 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
     local = torch.as_tensor(pl.local_experts(rank), device=dev)
     w13 = w13_all[local].contiguous()
     w2 = w2_all[local].contiguous()
+    sw = make_shared_weights(hidden, shared_inter, device=dev, generator=gen) if shared_inter else None
     for rep in range(repeats):
         n = tokens[rank % len(tokens)]
         s = seed * 7919 + rep * 31 + rank
@@ -122,16 +126,23 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
         x_d = x.to(dev)
         ids_d = torch.as_tensor(ids).to(dev)
         w_d = torch.as_tensor(w).to(dev)
+        ref_sh = ref + shared_ffn(x_d.float(), sw[0].float(), sw[1].float()) if sw is not None else None
         for pol in policies:
-            y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
-            poisoned_run(f"{name:<34} rep {rep} {pol:<11} tokens {tokens}", layer,
-                         lambda: layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y), y, ref)
-            if pol.startswith("weave"):
-                check_choice(f"{name} rep {rep} {pol}", layer, pol, [r[0] for r in all_routing], pl,
-                             geometry_model(hidden, inter, num_experts, top_k))
+            for order in shared_calls:
+                y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+                tag = "" if order is None else f" shared:{order}"
+                poisoned_run(f"{name:<34} rep {rep} {pol + tag:<11} tokens {tokens}", layer,
+                             lambda: layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y,
+                                           shared=None if order is None else sw, shared_order=order or "last"),
+                             y, ref if order is None else ref_sh)
+                if pol.startswith("weave"):
+                    check_choice(f"{name} rep {rep} {pol}{tag}", layer, pol, [r[0] for r in all_routing], pl,
+                                 geometry_model(hidden, inter, num_experts, top_k))
         if ep_ref:
+            with_sh = sw is not None and any(o is not None for o in shared_calls)
             yr = ep_moe_reference(x_d, ids_d, w_d, w13, w2, torch.as_tensor(pl.owner),
-                                  torch.as_tensor(pl.local_index()))
+                                  torch.as_tensor(pl.local_index()), shared=sw if with_sh else None)
+            ref = ref_sh if with_sh else ref
             errs = [None] * world
             dist.all_gather_object(errs, rel_err(yr, ref))
             ok = all(e <= TOL for e in errs)
@@ -267,6 +278,33 @@ def check_errors(trace_dir: str | None) -> None:
         if rank == 0:
             write_chrome_trace(os.path.join(trace_dir, "kernel_trace_small.json"), [e for ev in allev for e in ev])
 
+    # the shared expert's tiles: GEMM events marked shared, one per (row block, column block) of this rank's tokens
+    ls = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=128,
+                       timeline_per_cta=256, dispatch=DISPATCH[0], shared_inter=192)
+    sw = make_shared_weights(H, 192, device=dev)
+    for order in ("first", "last"):
+        ls(x, ids_d, w_d, w13, w2, policy="weave", record_timeline=True, shared=sw, shared_order=order)
+        torch.cuda.synchronize()
+        ev, _ = ls.timeline_events()
+        sh0 = [e for e in ev if e["name"] == "gemm0" and e["args"].get("shared")]
+        sh1 = [e for e in ev if e["name"] == "gemm1" and e["args"].get("shared")]
+        ok = len(sh0) == 1 * 2 and len(sh1) == 1 * 1  # 100 tokens: one row block; Is 192: 2 GEMM0 columns, H 256: 1
+        log(f"{'PASS' if ok else 'FAIL'} shared:{order} timeline: {len(sh0)} shared GEMM0 and {len(sh1)} GEMM1 events")
+        if not ok:
+            FAILURES.append(f"shared timeline {order}")
+    try:
+        ls(x, ids_d, w_d, w13, w2, shared=(sw[1], sw[0]))
+        FAILURES.append("shared weight check")
+        log("FAIL shared weights of the wrong shape were not refused")
+    except ValueError as exc:
+        log(f"PASS shared weights of the wrong shape refused: {exc}")
+    try:
+        layer(x, ids_d, w_d, w13, w2, shared=sw)
+        FAILURES.append("shared without shared_inter")
+        log("FAIL shared= on a layer built without a shared expert was not refused")
+    except ValueError as exc:
+        log(f"PASS shared= on a layer without a shared expert refused: {exc}")
+
     # weave: the in-kernel choice appears in the count_exchange records' args
     layer(x, ids_d, w_d, w13, w2, policy="weave", record_timeline=True)
     torch.cuda.synchronize()
@@ -343,6 +381,8 @@ def main() -> int:
     if args.sanitize:
         run_case("sanitize E4 k2", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
                  policies=("sequential", "static:16", "weave"), repeats=2)
+        run_case("sanitize shared expert", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
+                 policies=("sequential", "static:16", "weave"), shared_inter=384, shared_calls=("first", "last"))
         graph_case("sanitize CUDA graph", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
                    policies=("static:16", "weave"), replays=2)
         log(f"SUMMARY: {len(FAILURES)} failures")
@@ -358,6 +398,19 @@ def main() -> int:
         k = min(m.top_k, e // 2)
         run_case(f"{name} E{e} k{k}", hidden=m.hidden_size, inter=m.expert_ffn_size, num_experts=e, top_k=k,
                  tokens=[200 + 37 * g for g in range(world)], seed=i, ep_ref=(i == 0))
+    # the shared expert fused into the layer (both ticket orders, every policy), as DeepSeek-V2-Lite has it
+    # (2 x 1408); tiny token counts (a 1-row block); one layer called with and without it in turn
+    m = get_model("deepseek-v2-lite")
+    e = min(m.num_experts, 8 * world)
+    run_case(f"deepseek-v2-lite E{e} shared {m.num_shared_experts}x", hidden=m.hidden_size, inter=m.expert_ffn_size,
+             num_experts=e, top_k=min(m.top_k, e // 2), tokens=[200 + 37 * g for g in range(world)], seed=30,
+             shared_inter=m.num_shared_experts * m.expert_ffn_size, shared_calls=("first", "last"), ep_ref=True)
+    cache_sh: dict = {}
+    run_case("shared expert, tokens 1 / 64", hidden=768, inter=384, num_experts=4 * world, top_k=2, tokens=[1, 64],
+             seed=31, shared_inter=384, shared_calls=("last", "first"), policies=("sequential", "static:8", "weave"))
+    run_case("shared expert on / off, one layer", hidden=1024, inter=256, num_experts=8 * world, top_k=4,
+             tokens=[513, 300], repeats=2, seed=32, layer_cache=cache_sh, shared_inter=512,
+             shared_calls=("last", None, "first", None), policies=("static:20", "weave", "sequential"))
     cache: dict = {}
     # gate pre-activations of several hundred: silu's fast division at both ends (exp(-g) overflowing to inf
     # for g < -87 must give 0, not NaN; g > 88 must give g)

@@ -44,7 +44,7 @@ from weave_sim.presets import get_model
 
 TOL = 1e-2
 ANCHOR_T0 = "  bool ok = routing_phase(p, s);\n"
-ANCHOR_JOIN = "    if (ok && (!comm || (p.policy == kPolicyWeave && p.steal)))\n      ok = gemm_phases("
+ANCHOR_JOIN = "    if (ok && (!comm || (p.policy == kPolicyWeave && p.steal)))\n      ok = gemm_phases<"
 
 
 def patched_csrc(delay_us: int, root: Path) -> Path:

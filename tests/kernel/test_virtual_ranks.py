@@ -58,9 +58,11 @@ def test_connect_rejects_a_wrong_world():
 def test_params_ask_for_a_plain_launch_on_virtual_ranks():
     layer = _virtual_layer(0, 2, mk.plan_buffers(256, 8, 2, 2, 64))
     for name in ("expert_owner", "owner_experts", "expert_ctr", "pair_slot", "sorted_pair", "g0_done", "sched",
-                 "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice", "epoch_ctr"):
+                 "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice", "epoch_ctr", "hs", "ys",
+                 "g0s_done"):
         setattr(layer, name, torch.zeros(8))
     layer.top_k, layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts = 2, 256, 128, 8, 4
+    layer.shared_inter, layer.max_shared_blocks = 0, 1
     layer.max_tokens, layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 64, 66, 0, 1, 10**9
     x = torch.zeros(10, 256, dtype=torch.bfloat16)
     pol = mk.parse_policy("static:8", layer.num_ctas)
@@ -69,6 +71,13 @@ def test_params_ask_for_a_plain_launch_on_virtual_ranks():
         d = layer._params(x, x, x, x, x, x, pol, False)
         assert d["cooperative"] == int(coop) and d["dispatch_bulk"] == warps
         assert d["peer_base"] == layer.peer_base.data_ptr()
+    # a shared expert: its width and order reach the kernel only when the call passes its weights
+    layer.shared_inter = 192
+    sw = (torch.zeros(384, 256, dtype=torch.bfloat16), torch.zeros(256, 192, dtype=torch.bfloat16))
+    d = layer._params(x, x, x, x, x, x, pol, False, sw, "first")
+    assert (d["inter_shared"], d["shared_first"], d["w13s"], d["w2s"]) == (192, 1, sw[0].data_ptr(), sw[1].data_ptr())
+    d = layer._params(x, x, x, x, x, x, pol, False)
+    assert (d["inter_shared"], d["shared_first"], d["w13s"]) == (0, 0, 0)
 
 
 def test_dispatch_mode_is_checked_before_anything_is_built():

@@ -81,8 +81,10 @@ def _fake_layer(world=2, rank=0):
     i32 = dict(dtype=torch.int32)
     layer.plan = mk.plan_buffers(256, 8, 2, world, 64)
     for name in ("expert_owner", "owner_experts", "peer_base", "expert_ctr", "pair_slot", "sorted_pair", "g0_done",
-                 "sched", "grid_bar", "err", "timeline", "timeline_count"):
+                 "sched", "grid_bar", "err", "timeline", "timeline_count", "g0s_done"):
         setattr(layer, name, torch.zeros(8, **i32))
+    layer.hs, layer.ys = torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16)
+    layer.shared_inter, layer.max_shared_blocks = 0, 1
     layer.epoch_ctr = torch.zeros(1, dtype=torch.int64)
     layer.h = torch.zeros(8, dtype=torch.bfloat16)
     layer.cost_table = torch.as_tensor(mk.build_cost_table())

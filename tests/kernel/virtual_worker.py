@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
-from weave_kernel.reference import make_weights, moe_reference
+from weave_kernel.reference import make_shared_weights, make_weights, moe_reference, shared_ffn
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.virtual import VirtualRanks
 from weave_sim.placement import Placement, balanced, contiguous, explicit, round_robin
@@ -55,9 +55,10 @@ def policies_for(n: int) -> tuple[str, ...]:
 def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,
              top_k: int, tokens: list[int], routing="skewed", placement: str | Placement = "contiguous",
              policies=None, repeats: int = 1, seed: int = 0, ctas_per_rank: int | None = None,
-             max_tokens: int | None = None) -> VirtualRanks:
+             max_tokens: int | None = None, shared_inter: int = 0, shared_order: str | None = None) -> VirtualRanks:
     """routing: "skewed", "one_expert" or a callable (num_tokens, seed) -> (ids int32 [n, k], weights float32 [n, k]).
-    placement: "contiguous", "round-robin" or a Placement."""
+    placement: "contiguous", "round-robin" or a Placement. shared_inter > 0: a shared expert of that width on every
+    rank, called in `shared_order` ("first" / "last"; None: the layer's calls leave it out)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     if isinstance(placement, Placement):
         pl = placement
@@ -66,13 +67,14 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
                           max_tokens=max_tokens or max(max(tokens), 1), dispatch=DISPATCH[0],
-                          ctas_per_rank=ctas_per_rank)
+                          ctas_per_rank=ctas_per_rank, shared_inter=shared_inter)
     policies = policies or policies_for(vr.num_ctas)
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
     w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
     w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
     model = geometry_model(hidden, inter, num_experts, top_k)
+    sw = make_shared_weights(hidden, shared_inter, device=dev, generator=gen) if shared_order else None
     for rep in range(repeats):
         ids, ws, xs = [], [], []
         for r in range(world):
@@ -89,6 +91,8 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
             xs.append(torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16))
         ref_all = moe_reference(torch.cat(xs).to(dev), torch.as_tensor(np.concatenate(ids)).to(dev),
                                 torch.as_tensor(np.concatenate(ws)).to(dev), w13_all, w2_all)
+        if sw is not None:
+            ref_all = ref_all + shared_ffn(torch.cat(xs).to(dev).float(), sw[0].float(), sw[1].float())
         refs = list(torch.split(ref_all, [x.shape[0] for x in xs]))
         xs_d = [x.to(dev) for x in xs]
         ids_d = [torch.as_tensor(i).to(dev) for i in ids]
@@ -98,7 +102,8 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
             outs = [torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev) for n in ntok]
             vr.poison_scratch()
             try:
-                vr(xs_d, ids_d, ws_d, w13s, w2s, policy=pol, outs=outs)
+                vr(xs_d, ids_d, ws_d, w13s, w2s, policy=pol, outs=outs, shared=None if sw is None else [sw] * world,
+                   shared_order=shared_order or "last")
                 torch.cuda.synchronize()
                 errs = [rel_err(outs[r], refs[r]) for r in range(world)]
             except Exception as exc:  # noqa: BLE001 - report, continue with a fresh layer
@@ -107,9 +112,10 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
                 errs = [float("inf")] * world
                 vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                   placement=pl, max_tokens=vr[0].max_tokens, dispatch=DISPATCH[0],
-                                  ctas_per_rank=vr.num_ctas)
+                                  ctas_per_rank=vr.num_ctas, shared_inter=vr[0].shared_inter)
             ok = all(e <= TOL for e in errs)
-            log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok} "
+            log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok}"
+                f"{'' if sw is None else ' shared:' + shared_order} "
                 f"rel_err max {max(errs):.2e}")
             if not ok:
                 FAILURES.append(f"G={world} {name} rep {rep} {pol}")
@@ -193,6 +199,17 @@ def main() -> int:
             tok[world // 2] = 0  # a rank without tokens still serves its experts
             run_case(None, f"{name} E{e} k{k}", world=world, hidden=m.hidden_size, inter=m.expert_ffn_size,
                      num_experts=e, top_k=k, tokens=tok, seed=i)
+        # the shared expert (a rank without tokens has no shared rows), both ticket orders on one layer
+        m = get_model("deepseek-v2-lite")
+        e = world * min(m.num_experts // world, 8)
+        tok = [150 + 37 * g for g in range(world)]
+        tok[world // 2] = 0
+        vs = None
+        for order in ("first", "last"):
+            vs = run_case(vs, f"deepseek-v2-lite E{e} shared", world=world, hidden=m.hidden_size,
+                          inter=m.expert_ffn_size, num_experts=e, top_k=min(m.top_k, e // 2), tokens=tok, seed=27,
+                          shared_inter=m.num_shared_experts * m.expert_ffn_size, shared_order=order)
+        del vs
         run_case(None, "zero-token experts", world=world, hidden=512, inter=256, num_experts=world * (64 // world), top_k=2,
                  tokens=[50, 1], seed=20)
         run_case(None, "all tokens on one expert", world=world, hidden=1024, inter=512, num_experts=8 * world,

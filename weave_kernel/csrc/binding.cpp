@@ -85,6 +85,14 @@ void launch(const py::dict& d, uint64_t stream) {
   p.steal = get<int32_t>(d, "steal");
   p.epoch_ctr = ptr<uint64_t>(d, "epoch_ctr");
   p.timeout_ns = get<uint64_t>(d, "timeout_ns");
+  p.w13s = ptr<const void>(d, "w13s");
+  p.w2s = ptr<const void>(d, "w2s");
+  p.hs = ptr<void>(d, "hs");
+  p.ys = ptr<void>(d, "ys");
+  p.g0s_done = ptr<uint32_t>(d, "g0s_done");
+  p.inter_shared = get<int32_t>(d, "inter_shared");
+  p.shared_first = get<int32_t>(d, "shared_first");
+  p.max_shared_blocks = get<int32_t>(d, "max_shared_blocks");
   const int cooperative = get<int32_t>(d, "cooperative");
   // Invariants the kernel relies on; Python checks them first with friendlier messages.
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
@@ -105,6 +113,16 @@ void launch(const py::dict& d, uint64_t stream) {
       throw std::invalid_argument("weave launch: weave policy needs the cost table and the choice buffer");
     if (p.num_comm_ctas < 0 || p.num_comm_ctas >= p.num_ctas || p.num_ctas < 2)
       throw std::invalid_argument("weave launch: weave policy needs 0 <= num_comm_ctas < num_ctas (0 = choose)");
+  }
+  if (p.inter_shared < 0 || p.inter_shared % 64)
+    throw std::invalid_argument("weave launch: inter_shared (the shared expert's width) must be 0 or a multiple of 64");
+  if (p.inter_shared > 0) {
+    if (p.w13s == nullptr || p.w2s == nullptr || p.hs == nullptr || p.ys == nullptr || p.g0s_done == nullptr)
+      throw std::invalid_argument("weave launch: a shared expert needs w13s, w2s, hs, ys and g0s_done");
+    if (p.max_shared_blocks * 128 < p.max_tokens)
+      throw std::invalid_argument("weave launch: max_shared_blocks must cover max_tokens");
+    if (p.shared_first != 0 && p.shared_first != 1)
+      throw std::invalid_argument("weave launch: shared_first must be 0 or 1");
   }
   if (p.steal != 0 && p.steal != 1) throw std::invalid_argument("weave launch: steal must be 0 or 1");
   if (p.policy < weave::kPolicySequential || p.policy > weave::kPolicyWeave)

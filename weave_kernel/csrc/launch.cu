@@ -11,8 +11,14 @@ constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 // cooperative != 0: a cooperative launch (the driver checks that the whole grid is co-resident). 0: a plain launch,
 // for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
 // cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
+// The kernel instantiation: with the shared expert's code only when the call has one (megakernel.cuh).
+static const void* kernel_for(bool shared) {
+  return shared ? reinterpret_cast<const void*>(&weave::weave_moe_kernel<true>)
+                : reinterpret_cast<const void*>(&weave::weave_moe_kernel<false>);
+}
+
 extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
-  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
+  const void* fn = kernel_for(params->inter_shared > 0);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
   if (err != cudaSuccess) return static_cast<int>(err);
   // the weights' TMA descriptors: w13 [El][2I][H] as [2 El][I][H] (z = 2 le + half), w2 [El][H][I]
@@ -20,6 +26,12 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
   const uint64_t H = p.hidden, I = p.inter, El = p.num_local_experts;
   int rc = weave::encode_weight_map(&p.tmap_w13, p.w13, H, I, 2 * El);
   if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
+  // the shared expert's: w13s [2 Is][H] as [2][Is][H], w2s [H][Is] as [1][H][Is]
+  if (rc == 0 && p.inter_shared > 0) {
+    const uint64_t Is = p.inter_shared;
+    rc = weave::encode_weight_map(&p.tmap_w13s, p.w13s, H, Is, 2);
+    if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2s, p.w2s, Is, H, 1);
+  }
   if (rc != 0) return rc;
   void* args[] = {&p};
   // cudaLaunchKernelExC with the cooperative attribute: the same launch as cudaLaunchCooperativeKernel, and one
@@ -39,14 +51,19 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
 }
 
 // CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
+// (both instantiations must fit: the smaller count)
 extern "C" int weave_moe_max_ctas(int device) {
-  const void* fn = reinterpret_cast<const void*>(&weave::weave_moe_kernel);
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) != cudaSuccess)
-    return -1;
-  int per_sm = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, weave::Config::kThreads, weave::Config::kSmemDynamic) !=
-      cudaSuccess)
-    return -1;
+  int per_sm = 1 << 30, sms = 0;
+  for (const bool shared : {false, true}) {
+    const void* fn = kernel_for(shared);
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) != cudaSuccess)
+      return -1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, weave::Config::kThreads, weave::Config::kSmemDynamic) !=
+        cudaSuccess)
+      return -1;
+    per_sm = n < per_sm ? n : per_sm;
+  }
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   return per_sm >= 1 ? sms : 0;
 }

@@ -19,8 +19,8 @@ struct SharedLayout {
                                                             // rows to a multiple of kBlockM
   int ebase[Config::kMaxExperts + 1];  // scan of this rank's counts: base of expert e in sorted_pair
   int tq[Config::kMaxExperts + 1];     // scan of row blocks this rank computes, per local expert
-  int tk[2 * Config::kMaxExperts + 2]; // static policy: scan of tickets per segment (GEMM0 of expert i,
-                                       // GEMM1 of expert i - L)
+  int tk[2 * Config::kMaxExperts + 4]; // GEMM phases: scan of tickets per segment (GEMM0 of expert slot i,
+                                       // GEMM1 of slot i - L; slots: the local experts and the shared expert)
   int dq[Config::kMaxExperts + 1];     // scan of row pieces this rank sends to other ranks, (step i, le) order
   union {
     int hist[Config::kMaxExperts];         // routing histogram, then this CTA's per-expert base (until the
@@ -34,6 +34,7 @@ struct SharedLayout {
   int num_comm;                         // CTAs that dispatch first (static / weave); 0 for sequential
   int choice_c, choice_k;               // weave: the cost model's (c*, K*) for this call
   int g1_tiles;                         // GEMM1 tiles this CTA ran (static / weave; the consumers' leader counts)
+  int g1s_tiles;                        // the shared expert's GEMM1 tiles this CTA ran
   int tl_count;
   uint64_t epoch;                       // this call's epoch: *p.epoch_ctr + 1, read by thread 0 at the start
   BulkRing ring;                        // dispatch by bulk copies (p.dispatch_bulk): the slots' mbarriers

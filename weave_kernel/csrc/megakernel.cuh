@@ -36,6 +36,10 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
     p.g0_done[other * p.max_row_blocks + i] = 0u;
   for (int i = blockIdx.x * Config::kThreads + tid; i < E; i += p.num_ctas * Config::kThreads)
     p.expert_ctr[other * E + i] = 0;
+  // (also on calls without the shared expert: a later call with it must find its parity cleared)
+  if (p.g0s_done != nullptr)
+    for (int i = blockIdx.x * Config::kThreads + tid; i < p.max_shared_blocks; i += p.num_ctas * Config::kThreads)
+      p.g0s_done[other * p.max_shared_blocks + i] = 0u;
   if (blockIdx.x == 0 && tid < 4) p.sched[other * 4 + tid] = 0u;
 
   // histogram of this CTA's chunk of pairs; rank of each pair inside its expert within the CTA
@@ -152,7 +156,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   return true;
 }
 
-// The GEMM phases of one CTA, all through one run_tiles call site (one inlined copy of the tile code; a second
+// The GEMM phases of one CTA (the routed experts' tiles and the shared expert's), all through one run_tiles call site (one inlined copy of the tile code; a second
 // copy made ptxas spill).
 //   static:C / weave: one phase. Tickets go expert by expert (so a weight tile is read from HBM once and reused
 //     from L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1
@@ -162,31 +166,40 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
 //     same ticket, so no tile runs twice; `role` only labels the timeline records.
 //   sequential: GEMM0 of every block, grid barrier, GEMM1 of every block (expert-major tickets).
 // lag_comm: the comm CTA count the GEMM1 lag L assumes; the same on every CTA (the tickets' order depends on it).
+template <bool kShared>
 __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
                                             int lag_comm, uint16_t role) {
   const bool seq = p.policy == kPolicySequential;
-  const int NB = lv.num_compute_blocks(), El = p.num_local_experts;
+  const bool on = shared_on<kShared>(p);
+  const int NB = lv.num_compute_blocks(), El = p.num_local_experts, Ev = num_expert_slots(p, on);
   const int n0 = ceil_div(p.inter, Config::kHalfN), n1 = ceil_div(p.hidden, Config::kBlockN);
   const int par = static_cast<int>(s.epoch & 1);
-  if (threadIdx.x == 0) s.g1_tiles = 0;
+  if (threadIdx.x == 0) s.g1_tiles = s.g1s_tiles = 0;
 #pragma unroll 1  // one inlined copy of the tile code (two made ptxas spill)
   for (int ph = 0; ph < (seq ? 2 : 1); ++ph) {
     const bool with_g0 = !seq || ph == 0;
-    // GEMM1 of expert i shares segment i + L with GEMM0 of expert i + L; sequential: no sharing
-    int L = El;
-    if (!seq) L = min(El, max(1, ceil_div(p.num_ctas - lag_comm, n0 * max(1, NB / El))));
+    // GEMM1 of slot i shares segment i + L with GEMM0 of slot i + L; sequential: no sharing
+    int L = Ev;
+    if (!seq) L = min(Ev, max(1, ceil_div(p.num_ctas - lag_comm, n0 * max(1, NB / El))));
     if (seq && ph == 1) L = 0;
-    const int num_seg = seq ? El : El + L;
+    const int num_seg = seq ? Ev : Ev + L;
     block_scan(
         num_seg,
         [&](int i) {
-          return (with_g0 && i < El ? n0 * lv.expert_num_blocks(i) : 0) +
-                 (i >= L ? n1 * lv.expert_num_blocks(i - L) : 0);
+          return (with_g0 && i < Ev ? slot_gemm0_cols(p, on, i) * slot_num_blocks(p, on, lv, i) : 0) +
+                 (i >= L ? n1 * slot_num_blocks(p, on, lv, i - L) : 0);
         },
         s.tk, s.scan_tmp);  // ends with __syncthreads
-    MoeTiles tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
+    MoeTiles<kShared> tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
     if (!run_tiles(p, smem, tiles)) return false;  // starts and ends with __syncthreads
     if (seq && ph == 0 && !grid_barrier(p, 3)) return false;
+  }
+  // the shared expert's outputs: this CTA's ys rows visible on the GPU before it counts them (reduce_phase waits
+  // for the count)
+  const uint32_t my_g1s = static_cast<uint32_t>(s.g1s_tiles);
+  if (on && threadIdx.x == 0 && my_g1s > 0) {
+    __threadfence();
+    atomicAdd(p.sched + par * 4 + 3, my_g1s);
   }
   if (seq) return true;
   // One system fence per CTA (not per GEMM1 tile) makes this CTA's combine rows visible before it counts
@@ -230,6 +243,7 @@ __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout
   return true;
 }
 
+template <bool kShared>  // built twice: with the shared expert's code (p.inter_shared > 0) and without it (tasks.cuh)
 __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // SW128 tiles need 1024-byte aligned bases whatever the static shared memory before them
@@ -261,9 +275,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     // stealing every CTA computes after its dispatch); static:C / weave:C: C
     const int lag_comm = p.policy == kPolicyWeave && p.num_comm_ctas <= 0 ? 1 : C;
     if (ok && (!comm || (p.policy == kPolicyWeave && p.steal)))
-      ok = gemm_phases(p, s, smem, lv, lag_comm, comm ? kRoleComm : kRoleCompute);
+      ok = gemm_phases<kShared>(p, s, smem, lv, lag_comm, comm ? kRoleComm : kRoleCompute);
     if (ok && seq) ok = sequential_combine(p, s, smem, lv);
-    if (ok) ok = reduce_phase(p, s, comm ? kRoleComm : kRoleCompute);
+    if (ok) ok = reduce_phase<kShared>(p, s, comm ? kRoleComm : kRoleCompute);
   }
   if (p.timeline != nullptr && threadIdx.x == 0) p.timeline_count[blockIdx.x] = s.tl_count;
 }

@@ -37,6 +37,8 @@ enum ErrorCode : int32_t {
   kErrTimeoutGemm0 = 6,       // err[2] = row block
   kErrTimeoutCombine = 7,     // err[2] = owner rank whose combine flag never arrived
   kErrTimeoutTma = 8,         // err[2] = pipeline stage, err[3] = k step (a weight tile load never landed)
+  kErrTimeoutSharedGemm0 = 9, // err[2] = shared-expert row block, err[3] = column block (its GEMM0 never finished)
+  kErrTimeoutShared = 10,     // err[2] = shared-expert GEMM1 tiles done, err[3] = tiles expected (before the reduce)
 };
 
 // A CUDA tensor map (CUtensorMap: 128 bytes, 128-byte aligned), opaque here; the launchers encode it
@@ -55,6 +57,8 @@ enum TaskKind : uint16_t {
   kTaskReduce = 5,
   kTaskWait = 6,
   kTaskChoose = 7,  // weave: the in-kernel (c*, K*) choice; arg0 = c*, arg1 = K*
+  kTaskSharedGemm0 = 8,  // a GEMM0 / GEMM1 tile of the shared expert (arg0 = its row block of this rank's tokens)
+  kTaskSharedGemm1 = 9,
 };
 enum Role : uint16_t { kRoleComm = 0, kRoleCompute = 1 };
 
@@ -103,7 +107,7 @@ struct Params {
   int32_t* sorted_pair;          // [max_tokens*top_k]
   void* h;                       // bf16 [recv_cap_rows, inter]
   uint32_t* g0_done;             // [2][max_row_blocks]
-  uint32_t* sched;               // [2][4]: ticket GEMM0/all, ticket GEMM1, GEMM1 tiles done, spare
+  uint32_t* sched;               // [2][4]: ticket GEMM0/all, ticket GEMM1, GEMM1 tiles done, shared GEMM1 tiles done
   uint32_t* grid_bar;            // [2]: arrival count, generation
   int32_t* err;                  // [4]
   TimelineRecord* timeline;      // [num_ctas, timeline_per_cta] or null
@@ -126,9 +130,21 @@ struct Params {
                                  // back (CTA 0, after grid barrier 0, when every CTA has read it): the count lives
                                  // on the device, so replays of a captured CUDA graph advance it like calls do
   uint64_t timeout_ns;
+  // the shared expert (always on; this rank's own tokens, no dispatch or combine): inter_shared = 0 for none
+  const void* w13s;              // [2*inter_shared, hidden] bf16: rows [0,Is) gate, [Is,2Is) up
+  const void* w2s;               // [hidden, inter_shared] bf16
+  void* hs;                      // bf16 [max_tokens, inter_shared]: SwiGLU output
+  void* ys;                      // bf16 [max_tokens, hidden]: the shared expert's output, added in the reduction
+  uint32_t* g0s_done;            // [2][max_shared_blocks]: GEMM0 tiles done per shared row block, parity epoch & 1
+  int32_t inter_shared;          // Is (a multiple of 64), 0 = no shared expert
+  int32_t shared_first;          // 1: its tiles take the tickets before the routed experts' (they fill the wait for
+                                 // dispatched rows); 0: after them (they fill the wait for combine rows)
+  int32_t max_shared_blocks;     // ceil(max_tokens / kBlockM)
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
   TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)
   TensorMapBytes tmap_w2;        // w2 as [num_local_experts][hidden][inter]
+  TensorMapBytes tmap_w13s;      // w13s as [2][inter_shared][hidden] (inter_shared > 0 only)
+  TensorMapBytes tmap_w2s;       // w2s as [1][hidden][inter_shared]
 };
 
 }  // namespace weave

@@ -134,16 +134,60 @@ __device__ __forceinline__ bool block_rows_ready(const Params& p, const LayoutVi
   return true;
 }
 
+// ---- the shared expert: virtual expert slots ------------------------------------------------------------
+// The GEMM phases walk Ev = El (+ 1 with a shared expert) expert slots; the shared expert takes slot 0 (shared_first)
+// or slot El, the routed local experts the others in order. Its row blocks are this rank's tokens, kBlockM at a time
+// (RowBlock::le = kSharedLe marks them: row0 = first token, no pair ids, no flags to wait for).
+// `on`: this launch computes a shared expert. The kernel is built twice (weave_moe_kernel<kShared>), and the
+// instantiation without one folds every shared branch away: layers without a shared expert run the code they ran
+// before it existed (with the branches in, they measured 1.5-2.4% slower; docs/kernel.md).
+constexpr int kSharedLe = -1;
+template <bool kShared>
+__device__ __forceinline__ bool shared_on(const Params& p) { return kShared && p.inter_shared > 0; }
+__device__ __forceinline__ int num_expert_slots(const Params& p, bool on) { return p.num_local_experts + (on ? 1 : 0); }
+__device__ __forceinline__ int shared_slot(const Params& p, bool on) {
+  return !on ? -1 : (p.shared_first ? 0 : p.num_local_experts);
+}
+__device__ __forceinline__ int num_shared_blocks(const Params& p, bool on) {
+  return on ? (p.num_tokens + Config::kBlockM - 1) / Config::kBlockM : 0;
+}
+// local expert of a routed slot
+__device__ __forceinline__ int slot_local_expert(const Params& p, bool on, int v) {
+  return on && p.shared_first ? v - 1 : v;
+}
+__device__ __forceinline__ int slot_num_blocks(const Params& p, bool on, const LayoutView& lv, int v) {
+  return on && v == shared_slot(p, on) ? num_shared_blocks(p, on) : lv.expert_num_blocks(slot_local_expert(p, on, v));
+}
+// GEMM0 column tiles (kHalfN h columns each) of a slot
+__device__ __forceinline__ int slot_gemm0_cols(const Params& p, bool on, int v) {
+  return ((on && v == shared_slot(p, on) ? p.inter_shared : p.inter) + Config::kHalfN - 1) / Config::kHalfN;
+}
+__device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
+  RowBlock b;
+  b.le = kSharedLe;
+  b.expert = -1;
+  b.src = -1;
+  b.dst = p.rank;
+  b.row0 = i * Config::kBlockM;
+  b.num_rows = min(Config::kBlockM, p.num_tokens - b.row0);
+  b.slot0 = 0;
+  b.seg = 0;
+  return b;
+}
+
 // ---- the GEMM tiles of the megakernel, as a tile source for run_tiles (pipeline.cuh) ----------------------
 //   GEMM0: h[rows, kHalfN cols] = SwiGLU(x_rows W1^T, x_rows W3^T); A rows gathered from x (this rank's own
 //          tokens) and from the receive buffer; waits for the rows' dispatch flags.
 //   GEMM1: out[rows, kBlockN cols] = h_rows W2^T; waits until all GEMM0 tiles of the block are done; pushed
 //          straight into the source's combine slots (static / weave), or written in place over the receive rows
 //          (sequential: the combine phase pushes them later).
-// Tickets: one counter over the expert segments of s.tk: segment i holds the GEMM0 tiles of local expert i (if
-// with_g0) and then the GEMM1 tiles of expert i - L (if i >= L); within a segment column block, then row block,
+//   The shared expert's tiles: the same with x's rows in order, hs for h, ys for the output (local, added in the
+//          reduction); its GEMM0 waits for nothing.
+// Tickets: one counter over the expert-slot segments of s.tk: segment i holds the GEMM0 tiles of slot i (if
+// with_g0) and then the GEMM1 tiles of slot i - L (if i >= L); within a segment column block, then row block,
 // so consecutive tiles share a weight tile. static / weave: both kinds in one pass (gemm_phases picks L);
-// sequential: a GEMM0-only pass (L = El), then a GEMM1-only pass (with_g0 = false, L = 0).
+// sequential: a GEMM0-only pass (L = Ev), then a GEMM1-only pass (with_g0 = false, L = 0).
+template <bool kShared>
 struct MoeTiles {
   const Params& p;
   SharedLayout& s;
@@ -156,20 +200,33 @@ struct MoeTiles {
 
   // producer thread 0: the next tile and its inputs ready; false on an error
   __device__ __forceinline__ bool next(TileDesc& d) {
+    const bool on = shared_on<kShared>(p);
     const int t = static_cast<int>(atomicAdd(ticket, 1u));
     if (t >= s.tk[num_seg]) {
       d.kind = kTileEnd;
       return true;
     }
-    const int n0 = ceil_div(p.inter, Config::kHalfN);
     const int seg = find_segment(s.tk, num_seg, t);
     int off = t - s.tk[seg];
-    const int g0_tiles = with_g0 && seg < p.num_local_experts ? n0 * lv.expert_num_blocks(seg) : 0;
+    const int g0_tiles = with_g0 && seg < num_expert_slots(p, on) ? slot_gemm0_cols(p, on, seg) * slot_num_blocks(p, on, lv, seg) : 0;
     const bool g0 = off < g0_tiles;
-    const int le = g0 ? seg : seg - L, nblk = lv.expert_num_blocks(le);
+    const int v = g0 ? seg : seg - L, nblk = slot_num_blocks(p, on, lv, v);
     if (!g0) off -= g0_tiles;
     d.kind = g0 ? kTileGemm0 : kTileGemm1;
     d.col = off / nblk;
+    if (on && v == shared_slot(p, on)) {
+      const int i = off % nblk;
+      d.b = shared_block(p, i);
+      if (g0) {
+        d.num_k = p.hidden / Config::kBlockK;
+        return true;
+      }
+      d.num_k = p.inter_shared / Config::kBlockK;
+      const uint32_t* done0 = p.g0s_done + (s.epoch & 1) * p.max_shared_blocks + i;
+      const uint32_t n0s = static_cast<uint32_t>(slot_gemm0_cols(p, on, v));
+      return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= n0s; }, kErrTimeoutSharedGemm0, i, d.col);
+    }
+    const int le = slot_local_expert(p, on, v);
     d.b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
     const int rb = d.b.row0 / Config::kBlockM;
     if (g0) {
@@ -177,41 +234,52 @@ struct MoeTiles {
       return block_rows_ready(p, lv, d.b);
     }
     d.num_k = p.inter / Config::kBlockK;
+    const int n0 = ceil_div(p.inter, Config::kHalfN);
     const uint32_t* done0 = p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb;
     return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= static_cast<uint32_t>(n0); }, kErrTimeoutGemm0, rb,
                       d.col);
   }
   // producer warpgroup
-  __device__ __forceinline__ void prepare(const TileDesc& d, TileSlot& ts) { load_block_pairs(p, s, lv, d.b, ts); }
+  __device__ __forceinline__ void prepare(const TileDesc& d, TileSlot& ts) {
+    if (!kShared || d.b.le != kSharedLe) load_block_pairs(p, s, lv, d.b, ts);
+  }
   __device__ __forceinline__ const bf16* a_row(const TileDesc& d, const TileSlot& ts, int m) const {
-    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + static_cast<int64_t>(d.b.row0 + m) * p.inter;
+    const int64_t r = d.b.row0 + m;
+    if (kShared && d.b.le == kSharedLe)
+      return d.kind == kTileGemm1 ? reinterpret_cast<const bf16*>(p.hs) + r * p.inter_shared
+                                  : reinterpret_cast<const bf16*>(p.x) + r * p.hidden;
+    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + r * p.inter;
     // own rows: gathered from x; others: received rows
     return ts.psrc[m] == p.rank
                ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * p.hidden
-               : sym<const bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(d.b.row0 + m) * p.hidden;
+               : sym<const bf16>(p, p.rank, p.off_recv_x) + r * p.hidden;
   }
   // GEMM0: box 0 = the gate rows of h columns [col * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh; rows
   // past I arrive as zeros and their h columns are not stored); GEMM1: two 128-row halves of W2's column block
   __device__ __forceinline__ void b_boxes(const TileDesc& d, const void** map, int* y, int* z) const {
     static_assert(Config::kHalfN == Config::kBoxRows, "GEMM0 B: one box of gate rows, one of up rows");
+    const bool sh = kShared && d.b.le == kSharedLe;
+    const int le = sh ? 0 : d.b.le;
     if (d.kind == kTileGemm0) {
-      *map = &p.tmap_w13;
+      *map = sh ? &p.tmap_w13s : &p.tmap_w13;
       y[0] = y[1] = d.col * Config::kHalfN;
-      z[0] = 2 * d.b.le;
-      z[1] = 2 * d.b.le + 1;
+      z[0] = 2 * le;
+      z[1] = 2 * le + 1;
     } else {
-      *map = &p.tmap_w2;
+      *map = sh ? &p.tmap_w2s : &p.tmap_w2;
       y[0] = d.col * Config::kBlockN;
       y[1] = d.col * Config::kBlockN + Config::kBoxRows;
-      z[0] = z[1] = d.b.le;
+      z[0] = z[1] = le;
     }
   }
   // consumers; ends with a consumer barrier
   __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot& ts, const TileAcc& acc, uint8_t* staging) const {
-    const int H = p.hidden, I = p.inter, row0 = d.b.row0;
+    const int H = p.hidden, row0 = d.b.row0;
+    const bool sh = kShared && d.b.le == kSharedLe;
     if (d.kind == kTileGemm0) {
+      const int I = sh ? p.inter_shared : p.inter;
       const int c0 = d.col * Config::kHalfN;
-      bf16* h = reinterpret_cast<bf16*>(p.h) + c0;
+      bf16* h = reinterpret_cast<bf16*>(sh ? p.hs : p.h) + c0;
       TileOut out;
       pack_swiglu(acc, out);
       stage_pairs<0>(out, staging);
@@ -221,23 +289,32 @@ struct MoeTiles {
       named_sync(kBarConsumers, Config::kConsumerThreads);
       return;
     }
-    // static / weave: into the source's combine slot; sequential: over the receive row
+    // static / weave: into the source's combine slot; sequential: over the receive row; shared expert: into ys
+    bf16* rows = sh ? reinterpret_cast<bf16*>(p.ys) : sym<bf16>(p, p.rank, p.off_recv_x);
+    const bool scatter = push && !sh;
     store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, H, [&](int m, int col) {
-      return (push ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
-                   : sym<bf16>(p, p.rank, p.off_recv_x) + static_cast<int64_t>(row0 + m) * H) + col;
+      return (scatter ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
+                      : rows + static_cast<int64_t>(row0 + m) * H) + col;
     });
   }
   // consumers' leader, after the epilogue
   __device__ __forceinline__ void tile_done(const TileDesc& d, uint64_t t_wait, uint64_t t_start) const {
     const int rb = d.b.row0 / Config::kBlockM, who = Config::kProducerThreads;
+    const bool sh = kShared && d.b.le == kSharedLe;
     if (d.kind == kTileGemm0) {
       __threadfence();
-      red_release_gpu_add_u32(p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb, 1u);
+      red_release_gpu_add_u32(sh ? p.g0s_done + (s.epoch & 1) * p.max_shared_blocks + rb
+                                 : p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb,
+                              1u);
+    } else if (sh) {
+      ++s.g1s_tiles;
     } else {
       ++s.g1_tiles;
     }
     if (t_start - t_wait > 1000) tl_record_span(p, s, t_wait, t_start, role, kTaskWait, rb, d.col, who);
-    tl_record(p, s, t_start, role, d.kind == kTileGemm0 ? kTaskGemm0 : kTaskGemm1, rb, d.col, who);
+    const uint16_t kind = d.kind == kTileGemm0 ? (sh ? kTaskSharedGemm0 : kTaskGemm0)
+                                               : (sh ? kTaskSharedGemm1 : kTaskGemm1);
+    tl_record(p, s, t_start, role, kind, rb, d.col, who);
   }
   __device__ __forceinline__ uint64_t now() const { return tl_now(p); }
 };
@@ -262,7 +339,9 @@ __device__ __forceinline__ void combine_block(const Params& p, SharedLayout& s, 
 }
 
 // ---- weighted reduction on the source: y[t] = sum_j w[t, j] * comb[t * k + j] ---------------------------
+template <bool kShared>
 __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, uint16_t role) {
+  const bool on = shared_on<kShared>(p);
   const uint64_t t0 = tl_now(p);
   bool ok = true;
   if (threadIdx.x == 0) {
@@ -271,10 +350,18 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
       ok = spin_until(p, [&] { return ld_acquire_sys_u64(f) >= s.epoch; }, kErrTimeoutCombine, g, 0);
     }
   }
+  // the shared expert's outputs: every GEMM1 tile of it counted (gemm_phases: a fence, then the count)
+  if (threadIdx.x == 0 && ok && on) {
+    const uint32_t want = static_cast<uint32_t>(num_shared_blocks(p, on) * ceil_div(p.hidden, Config::kBlockN));
+    const uint32_t* done = p.sched + (s.epoch & 1) * 4 + 3;
+    ok = spin_until(p, [&] { return ld_acquire_gpu_u32(done) >= want; }, kErrTimeoutShared, 0,
+                    static_cast<int>(want));
+  }
   if (!cta_all(ok)) return false;
   tl_wait(p, s, t0, role, -1, -1);
   const uint64_t t1 = tl_now(p);
   const int row_chunks = p.hidden / 8, k = p.top_k;
+  const int4* ys = on ? reinterpret_cast<const int4*>(p.ys) : nullptr;
   const int64_t total = static_cast<int64_t>(p.num_tokens) * row_chunks;
   const int4* comb = sym<const int4>(p, p.rank, p.off_comb);
   int4* y = reinterpret_cast<int4*>(p.y);
@@ -303,6 +390,16 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
           acc[2 * q] += wj[u] * f.x;
           acc[2 * q + 1] += wj[u] * f.y;
         }
+      }
+    }
+    if (ys != nullptr) {  // the shared expert's row, weight 1
+      const int4 v = __ldcg(ys + idx);
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(v2[q]);
+        acc[2 * q] += f.x;
+        acc[2 * q + 1] += f.y;
       }
     }
     int4 o;
