@@ -24,7 +24,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, SH, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -40,6 +40,11 @@ want R && bench bench_Rtrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 -
 want P && bench bench_P_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm= --placement balanced
 want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm= \
   --placement balanced
+# SH: the four models with shared experts, fused into the megakernel (bench --shared last; separate_ms: the same layer
+# without it, then the dense FFN), realistic routing as run R; the simulator expects the shared tiles to hide 2-12% of
+# their time at EP=2 (docs/engine.md "Shared experts"; EP=1 measured in docs/kernel.md)
+want SH && bench bench_SH_$TAG --models deepseek-v2-lite,qwen3.5-35b-a3b,deepseek-v2,deepseek-v3 --tokens 2048,4096,8192 \
+  --synthetic fitted --comm 8,20 --weave-comm 4,8,16 --shared last
 # D: dispatch by bulk copies (--ab-dispatch: the same kernel, rows copied by 8 issuing warps' bulk copies, timed in
 # alternation with the default all-thread copies; csrc/bulk_copy.cuh), after the 2-rank tests and a sanitizer pass in
 # that mode, and the calibration's push curve in that mode (calib_bulk_$TAG.json: the profile a bulk kernel would read)
