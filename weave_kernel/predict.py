@@ -11,6 +11,11 @@ the best static:C, and the fraction of the lower bound (weave_sim's `lower_bound
 profile, as the benchmark reports it); then geomeans per world size: the issue's targets as the simulator
 sees them before any run.
 
+`--shared first|last` simulates the fused shared expert of models that have one (bench --shared: one FFN of width
+num_shared_experts x I per GPU on its own tokens, its tiles first or last in the GEMM queue; docs/engine.md,
+"Shared experts"), and the lower bound then counts its FLOPs and weights (costmodel.bound_volumes). The in-kernel
+(c*, K*) choice, like the kernel's, still ignores it. Models without shared experts run as under off.
+
     python -m weave_kernel.predict --gpus 2,4,8 --profile h200-megakernel-power --out predict.json
 
 Caveats: the profile was fitted to EP=2 runs (one peer per GPU); at EP=4/8 every GPU pushes to several peers
@@ -27,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from weave_sim.costmodel import Volumes, lower_bound_ns
+from weave_sim.costmodel import bound_volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
+from weave_sim.engine.dag import SHARED_ORDERS
 from weave_sim.placement import expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.profile import load_profile
@@ -58,8 +64,14 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSp
 
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
                    spec: RoutingSpec = RoutingSpec(), static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0,
-                   layer: int | None = None, nosteal: bool = False, placement: str = "contiguous") -> dict:
+                   layer: int | None = None, nosteal: bool = False, placement: str = "contiguous",
+                   shared: str = "off") -> dict:
+    """One configuration's predicted latencies (ms) and ratios. shared: the model's shared experts fused into the
+    layer ('first' / 'last': their tiles' place in the GEMM queue; recorded as 'off' for a model without any)."""
+    if shared not in SHARED_ORDERS:
+        raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {shared!r}")
     model = get_model(model_name)
+    shared = shared if model.num_shared_experts else "off"  # what bench --shared runs on such a model
     profile = load_profile(profile_name)
     if gemm_scale != 1.0:  # a kernel whose tiles run gemm_scale x faster inside the layer (whatif's gemm:S)
         from .whatif import rescaled
@@ -68,19 +80,20 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     counts, all_ids, pl = config_counts(model, world, tokens, seed, spec, layer, placement)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
-    opts = KERNEL_LAYOUTS[KERNEL_LAYOUT]
+    opts = {**KERNEL_LAYOUTS[KERNEL_LAYOUT], **({"shared": shared} if shared != "off" else {})}
     ms = {}
     for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(["weave-nosteal"] if nosteal else []),
                 *(f"weave:{c}" for c in weave_grid)]:
         ms[pol] = simulate_layer(w, profile, f"kernel:{pol}", **opts).latency_ns / 1e6
     h200 = load_profile("h200")
-    bound = float(lower_bound_ns(Volumes.from_workloads([layer_workload(all_ids, model, pl)], h200),
+    bound = float(lower_bound_ns(bound_volumes([layer_workload(all_ids, model, pl)], h200, shared != "off"),
                                  h200).max()) / 1e6
     best = min((p for p in ms if p.startswith("static:")), key=ms.get)
     sweep = [p for p in ms if p.startswith("weave:")]
     best_weave = min(sweep, key=ms.get) if sweep else None
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "layer": layer, "profile": profile_name,
-            "gemm_scale": gemm_scale, "placement": placement,
+            "gemm_scale": gemm_scale, "placement": placement, "shared": shared,
+            "inter_shared": model.shared_ffn_size if shared != "off" else 0,
             "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
             # the in-kernel choice against the best fixed C of the sweep (the issue's regret, predicted)
             "regret": ms["weave"] / ms[best_weave] - 1.0 if best_weave else None,
@@ -93,6 +106,15 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
 def geomean(xs) -> float:
     xs = [x for x in xs if x is not None]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def shared_note(shared: str, rows) -> str:
+    """The header's word on shared experts: the order, and which models have none (simulated as off)."""
+    if shared == "off":
+        return "shared experts off"
+    without = sorted({r["model"] for r in rows if r["shared"] == "off"})
+    return (f"shared experts {shared} (fused, one FFN of width shared x I per GPU; the bound counts it, the choice "
+            f"does not)" + (f"; none in {', '.join(without)}" if without else ""))
 
 
 def main(argv=None) -> int:
@@ -113,6 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", default="contiguous", choices=["contiguous", "balanced"],
                     help="expert -> GPU map: the benchmark's contiguous one, or balanced per layer from that layer's "
                          "own loads (an upper bound on a placement from past routing statistics)")
+    ap.add_argument("--shared", default="off", choices=list(SHARED_ORDERS),
+                    help="fuse the shared experts of models that have them (as bench --shared): one FFN of width "
+                         "shared x I per GPU, its tiles first or last in the GEMM queue; the bound counts it "
+                         "(default off)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
@@ -130,7 +156,8 @@ def main(argv=None) -> int:
             geo = get_model(m)
             for g in worlds:
                 try:
-                    check_geometry(geo.hidden_size, geo.expert_ffn_size, geo.num_experts, geo.top_k, g, g)
+                    check_geometry(geo.hidden_size, geo.expert_ffn_size, geo.num_experts, geo.top_k, g, g,
+                                   shared_inter=geo.shared_ffn_size if args.shared != "off" else 0)
                 except ValueError as exc:
                     raise ValueError(f"{m} at EP={g}: {exc}") from None
             if spec.source == "trace":  # the trace must be this model's (checked here, not in a worker)
@@ -141,10 +168,12 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
         futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, wg,
-                            args.gemm_scale, lay, args.nosteal, args.placement) for m, g, t, lay in jobs]
+                            args.gemm_scale, lay, args.nosteal, args.placement, args.shared)
+                for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
-          f"scheduling, routing {spec.describe()}, {args.placement} placement, seed {args.seed}; predicted ms")
+          f"scheduling, routing {spec.describe()}, {args.placement} placement, seed {args.seed}, "
+          f"{shared_note(args.shared, rows)}; predicted ms")
     w = max([20] + [len(config_label(r["model"], r["layer"])) for r in rows])
     print(f"{'EP':>3} {'model':>{w}} {'tokens':>6} {'static:20':>10} {'best static':>18} {'weave':>8} "
           f"{'vs s:20':>8} {'vs best':>8} {'of bound':>8} {'regret':>7}")
@@ -170,7 +199,7 @@ def main(argv=None) -> int:
                  if args.nosteal else ""))
     if args.out:
         args.out.write_text(json.dumps({"profile": args.profile, "seed": args.seed, "zipf": args.zipf,
-                                        "routing": spec.to_dict(),
+                                        "routing": spec.to_dict(), "shared": args.shared,
                                         "rows": rows}, indent=1))
     return 0
 

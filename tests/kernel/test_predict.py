@@ -112,3 +112,38 @@ def test_balanced_placement_evens_the_gpus():
     assert row["placement"] == "balanced" and row["predicted_ms"]["weave"] > 0
     with pytest.raises(ValueError, match="contiguous or balanced"):
         config_counts(m, 2, 64, placement="round-robin")
+
+
+def test_shared_experts_are_simulated_and_bounded(capsys, tmp_path):
+    """--shared first|last: a model's fused shared expert costs time and joins the bound (bound_volumes); the row
+    and the JSON record it, the header says it; a model without shared experts runs as under off."""
+    import json
+
+    m = "deepseek-v2-lite"  # 2 shared experts of I = 1408
+    off = predict_config(m, 2, 512, "h200-megakernel-ep2", static_grid=(20,))
+    on = {o: predict_config(m, 2, 512, "h200-megakernel-ep2", static_grid=(20,), shared=o) for o in ("first", "last")}
+    assert off["shared"] == "off" and off["inter_shared"] == 0
+    for o, r in on.items():
+        assert r["shared"] == o and r["inter_shared"] == 2 * 1408
+        assert r["bound_ms"] > off["bound_ms"]
+        assert 0 < r["bound_ms"] < min(r["predicted_ms"].values())
+        for p, t in r["predicted_ms"].items():
+            assert t > off["predicted_ms"][p], (o, p)
+    none = predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel", static_grid=(20,), shared="last")
+    assert none["shared"] == "off" and none == {**predict_config("qwen3-30b-a3b", 2, 256, "h200-megakernel",
+                                                                 static_grid=(20,)), "shared": "off"}
+    with pytest.raises(ValueError, match="shared must be one of"):
+        predict_config(m, 2, 64, "h200-megakernel", shared="both")
+    out = tmp_path / "p.json"
+    assert main(["--gpus", "2", "--models", f"{m},qwen3-30b-a3b", "--tokens", "256", "--jobs", "1", "--shared", "last",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "shared experts last" in text and "none in qwen3-30b-a3b" in text
+    doc = json.loads(out.read_text())
+    assert doc["shared"] == "last" and [r["shared"] for r in doc["rows"]] == ["last", "off"]
+    assert main(["--gpus", "2", "--models", "qwen3-30b-a3b", "--tokens", "64", "--jobs", "1"]) == 0
+    assert "shared experts off" in capsys.readouterr().out
+    wide = "custom:E=64:k=4:H=128:I=4096:shared=64"  # a shared FFN 262144 wide: past the kernel's limit when fused
+    with pytest.raises(SystemExit):
+        main(["--gpus", "2", "--models", wide, "--tokens", "64", "--shared", "first"])
+    assert "the shared expert's width (262144)" in capsys.readouterr().err
