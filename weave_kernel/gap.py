@@ -16,7 +16,9 @@ before it):
 What is left after the last step is the schedule itself: the wait for rows before the first tiles, the tail of
 the last tiles, the reduction, the GPUs' uneven loads. The order matters (a step is worth what is left of it
 once the ones before it are gone), so read the columns as a waterfall, not as independent gains; `--alone`
-applies each step on its own to the kernel as built instead.
+applies each step on its own to the kernel as built instead. A result that ran the fused shared expert (bench
+--shared first|last: its "shared" and "inter_shared") is simulated with it at every step, and a bound computed here
+counts its FLOPs and weights (the benchmark's recorded "lower_bound_ms" already does).
 
     python -m weave_kernel.gap docs/results/ep2/kernel_bench_B_ep2.json --profile h200-megakernel-ep2 [--tokens 4096]
 

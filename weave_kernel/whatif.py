@@ -48,12 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from weave_sim.costmodel import Volumes, lower_bound_ns
+from weave_sim.costmodel import bound_volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import load_profile, profile_from_dict
-from weave_sim.validate import bench_results, kernel_options, profile_for_result, result_placement
+from weave_sim.validate import (bench_results, kernel_options, profile_for_result, result_placement, result_shared,
+                                result_shared_experts)
 from weave_sim.workload import workload_from_counts
 
 from .routing import result_routing
@@ -122,10 +123,12 @@ def parse_variant(text: str) -> tuple[str, float]:
 
 def result_workload(result: dict, dispatch_rows=None):
     """The simulator's workload of one benchmark result from its exchanged counts, with its own (pair-based)
-    dispatch rows or the ones given (e.g. distinct_dispatch_rows)."""
+    dispatch rows or the ones given (e.g. distinct_dispatch_rows). A result that ran the fused shared expert
+    (bench --shared first|last) gets its width (validate.result_shared_experts: "inter_shared" / "inter"); the
+    engine computes it under kernel_options(result), which carry the result's "shared"."""
     c = result["counts"]
     model = ModelPreset(result["model"], int(result["hidden"]), int(result["inter"]), int(result["experts"]),
-                        int(result["top_k"]), 0, 1)
+                        int(result["top_k"]), result_shared_experts(result), 1)
     placement = result_placement(result)
     rows = c["dispatch_rows"] if dispatch_rows is None else dispatch_rows
     return workload_from_counts(np.asarray(c["source_expert_pairs"], dtype=np.int64), rows, model, placement,
@@ -133,12 +136,14 @@ def result_workload(result: dict, dispatch_rows=None):
 
 
 def result_bound_ms(result: dict, cfg: dict, bound_profile=None) -> float:
-    """The benchmark's lower bound of a result (distinct token rows, profile h200), or the same computed here."""
+    """The benchmark's lower bound of a result (distinct token rows, profile h200; the shared expert's FLOPs and
+    weights included when the result ran it), or the same computed here."""
     bound = result.get("lower_bound_ms")
     if bound is None:
         h200 = bound_profile or load_profile("h200")
         w = result_workload(result, distinct_dispatch_rows(result, cfg))
-        bound = float(lower_bound_ns(Volumes.from_workloads([w], h200), h200).max()) / 1e6
+        vol = bound_volumes([w], h200, shared=result_shared(result) != "off")
+        bound = float(lower_bound_ns(vol, h200).max()) / 1e6
     return float(bound)
 
 

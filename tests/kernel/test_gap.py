@@ -61,3 +61,16 @@ def test_other_layouts_and_missing_counts_get_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(bench)])
     assert "without the exchanged counts" in capsys.readouterr().err
+
+
+def test_a_results_fused_shared_expert_is_simulated_at_every_step():
+    """A bench --shared result: the shared FFN (its "inter_shared") is computed as built and after every step, so
+    each step's layer is slower than without it, and the bound (computed here) counts its FLOPs and stays below."""
+    prof = load_profile("h200-megakernel-ep2")
+    r = _result(tokens=1024)
+    off = gap_result(r, prof, CFG)
+    on = gap_result({**r, "shared": "first", "inter_shared": 4096}, prof, CFG)  # wide enough to move the bound
+    assert on["bound_ms"] > off["bound_ms"]
+    for step, t in on["simulated_ms"].items():
+        assert t > off["simulated_ms"][step], step
+        assert t >= on["bound_ms"] * (1 - 1e-9), step

@@ -204,3 +204,33 @@ def test_whatif_piece_cost_never_slows_when_cheaper():
         assert out["changed"][p] <= out["as_built"][p]
     dear = whatif_result(r, prof, CFG, variant="piece:50000")
     assert dear["changed"]["kernel:static:20"] > dear["as_built"]["kernel:static:20"]
+
+
+def test_whatif_simulates_a_results_fused_shared_expert():
+    """A bench --shared result (its "shared" and "inter_shared"): the workload carries the shared FFN's width, the
+    engine computes it (kernel_options pass "shared"), both sides pay for it, and the bound computed here counts
+    its FLOPs; a result without "shared" is simulated as before."""
+    import pytest
+
+    from weave_kernel.whatif import result_bound_ms
+    from weave_sim.engine import simulate_layer
+    from weave_sim.validate import kernel_options
+
+    r = _result(top_k=4, tokens=512)
+    prof = load_profile("h200-megakernel")
+    shared = {**r, "shared": "last", "inter_shared": 256}  # two shared experts of I = 128
+    assert result_workload(r).model.shared_ffn_size == 0
+    assert result_workload(shared).model.shared_ffn_size == 256
+    off, on = whatif_result(r, prof, CFG, variant="gemm:1.5"), whatif_result(shared, prof, CFG, variant="gemm:1.5")
+    for side in ("as_built", "changed"):
+        for p in off[side]:
+            assert on[side][p] > off[side][p], (side, p)
+    assert on["as_built"]["kernel:weave"] == simulate_layer(result_workload(shared), prof, "kernel:weave",
+                                                            **kernel_options(shared)).latency_ns / 1e6
+    # no "lower_bound_ms" in these results: computed here, with the shared FLOPs (this tiny layer's bound is the
+    # link's until the shared FFN is wide enough)
+    assert on["bound_ms"] >= off["bound_ms"]
+    assert result_bound_ms({**shared, "inter_shared": 16384}, CFG) > off["bound_ms"]
+    assert whatif_result({**shared, "shared": "off"}, prof, CFG, variant="gemm:1.5") == off
+    with pytest.raises(ValueError, match="not a multiple"):
+        result_workload({**shared, "inter_shared": 100})
