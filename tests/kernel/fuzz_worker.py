@@ -1,6 +1,7 @@
 """Randomised layers against the fp32 reference on one GPU: geometry, world size, grid, routing and policy drawn
 per case, so that the kernel meets shapes no preset has (H or I of one 64-column step, one expert per rank, top-1,
-duplicate experts within a token, every token on one rank's experts, ranks without tokens, spare buffer room).
+duplicate experts within a token, every token on one rank's experts, ranks without tokens, spare buffer room), and
+in about a third of the cases a shared expert of a random width, its tiles first or last.
 
 Each case runs through virtual_worker.run_case (virtual ranks, world 1-8, on this GPU): fresh inputs per rank,
 outputs and scratch poisoned with NaN before every call, ||y - y_ref|| / ||y_ref|| <= 1e-2 per rank, and every
@@ -82,12 +83,21 @@ def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
     pool = ["sequential", "static:1", f"static:{c()}", f"static:{ctas - 1}", "weave", "weave", f"weave:{c()}",
             "weave-nosteal"]
     policies = list(dict.fromkeys(str(p) for p in rng.choice(pool, size=4, replace=False)))
+    # a shared expert in about a third of the cases, drawn from a stream of its own (the other fields of a (seed,
+    # index) stay what they were before shared experts existed)
+    rs = np.random.default_rng([seed, index, int(big), 11])
+    shared_inter, shared_order = 0, None
+    if rs.random() < 0.35:
+        shared_inter = int(rs.choice(BIG_DIMS_I if big else DIMS_I)) * int(rs.choice([1, 1, 2]))
+        while shared_inter > 64 and 3 * hidden * shared_inter > max_elems // 4:
+            shared_inter = max(64, shared_inter // 128 * 64)
+        shared_order = str(rs.choice(["first", "last"]))
     return dict(seed=seed, index=index, big=big, world=world, ctas_per_rank=ctas, experts=experts, top_k=top_k,
                 hidden=hidden, inter=inter, tokens=tokens, max_tokens=max_tokens, routing=routing,
                 zipf_s=round(float(rng.uniform(0.3, 2.5)), 2), hot_rank=int(rng.integers(world)),
                 placement=str(rng.choice(["contiguous", "contiguous", "round-robin", "shuffled"])),
                 dispatch="bulk" if rng.random() < 0.2 else "threads", repeats=int(rng.choice([1, 1, 2])),
-                policies=policies)
+                policies=policies, shared_inter=shared_inter, shared_order=shared_order)
 
 
 def case_placement(case: dict):
@@ -116,7 +126,8 @@ def run(case: dict) -> int:
                      hidden=case["hidden"], inter=case["inter"], num_experts=experts, top_k=case["top_k"],
                      tokens=case["tokens"], routing=route, placement=pl, policies=case["policies"],
                      repeats=case["repeats"], seed=case["seed"] * 1000 + case["index"],
-                     ctas_per_rank=case["ctas_per_rank"], max_tokens=case["max_tokens"])
+                     ctas_per_rank=case["ctas_per_rank"], max_tokens=case["max_tokens"],
+                     shared_inter=case.get("shared_inter", 0), shared_order=case.get("shared_order"))
     del vr  # frees the ranks' buffers at once (test_virtual_ranks_gpu.py checks that)
     torch.cuda.empty_cache()
     return len(vw.FAILURES) - before

@@ -153,7 +153,8 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
 
 
 def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
-               policies=("static:8", "weave", "sequential"), replays: int = 3, seed: int = 0) -> None:
+               policies=("static:8", "weave", "sequential"), replays: int = 3, seed: int = 0,
+               shared_inter: int = 0) -> None:
     """The layer captured in a CUDA graph: one graph per policy over fixed input tensors, replayed with fresh
     routing and tokens copied in before each replay (output and scratch poisoned first), an eager call of
     another policy between replays (the device epoch counter must keep every rank's flags apart), the
@@ -163,11 +164,13 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
     pl = contiguous(num_experts, world)
     n = tokens[rank % len(tokens)]
     layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
-                          max_tokens=n, dispatch=DISPATCH[0])
+                          max_tokens=n, dispatch=DISPATCH[0], shared_inter=shared_inter)
     gen = torch.Generator(device=dev).manual_seed(2000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
     local = torch.as_tensor(pl.local_experts(rank), device=dev)
     w13, w2 = w13_all[local].contiguous(), w2_all[local].contiguous()
+    sw = make_shared_weights(hidden, shared_inter, device=dev, generator=gen) if shared_inter else None
+    ksh = {"shared": sw, "shared_order": "last"} if sw is not None else {}
     x_s = torch.zeros(n, hidden, dtype=torch.bfloat16, device=dev)
     ids_s = torch.zeros(n, top_k, dtype=torch.int32, device=dev)
     w_s = torch.zeros(n, top_k, dtype=torch.float32, device=dev)
@@ -177,7 +180,7 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
         with warnings.catch_warnings():  # the refused call leaves the graph empty, which torch warns about
             warnings.simplefilter("ignore", UserWarning)
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                layer(x_s, ids_s, w_s, w13, w2, policy="static:8", out=y_s)
+                layer(x_s, ids_s, w_s, w13, w2, policy="static:8", out=y_s, **ksh)
     except ValueError as exc:
         refused = "check=False" in str(exc)
     flags = [None] * world
@@ -191,7 +194,7 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
     for pol in policies:  # every rank captures the same graphs in the same order (nothing runs while capturing)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            layer(x_s, ids_s, w_s, w13, w2, policy=pol, check=False, out=y_s)
+            layer(x_s, ids_s, w_s, w13, w2, policy=pol, check=False, out=y_s, **ksh)
         graphs[pol] = g
     for rep in range(replays):
         s = seed * 7919 + rep * 31 + rank
@@ -203,6 +206,8 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
         ref_all = moe_reference(torch.cat(all_x).to(dev), ids_cat, w_cat, w13_all, w2_all)
         start = sum(tokens[g % len(tokens)] for g in range(rank))
         ref = ref_all[start:start + n]
+        if sw is not None:
+            ref = ref + shared_ffn(x.to(dev).float(), sw[0].float(), sw[1].float())
         x_s.copy_(x.to(dev))
         ids_s.copy_(torch.as_tensor(ids, dtype=torch.int32))
         w_s.copy_(torch.as_tensor(w))
@@ -216,7 +221,7 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
         y_e = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
         xf, idf, wf = (t.flip(0).contiguous() for t in (x_s, ids_s, w_s))
         poisoned_run(f"{name:<34} rep {rep} eager static:20 between replays", layer,
-                     lambda: layer(xf, idf, wf, w13, w2, policy="static:20", out=y_e), y_e, ref.flip(0))
+                     lambda: layer(xf, idf, wf, w13, w2, policy="static:20", out=y_e, **ksh), y_e, ref.flip(0))
 
 
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
@@ -385,6 +390,8 @@ def main() -> int:
                  policies=("sequential", "static:16", "weave"), shared_inter=384, shared_calls=("first", "last"))
         graph_case("sanitize CUDA graph", hidden=256, inter=192, num_experts=4 * world, top_k=2, tokens=[150, 70],
                    policies=("static:16", "weave"), replays=2)
+        graph_case("sanitize CUDA graph, shared expert", hidden=256, inter=192, num_experts=4 * world, top_k=2,
+                   tokens=[150, 70], policies=("static:16", "weave"), replays=2, shared_inter=192)
         log(f"SUMMARY: {len(FAILURES)} failures")
         dist.destroy_process_group()
         return 1 if FAILURES else 0
@@ -430,6 +437,8 @@ def main() -> int:
              policies=("static:24", "weave", "weave", "static:24", "weave:24"))
     graph_case("CUDA graph replays", hidden=2048, inter=768, num_experts=16 * world, top_k=8, tokens=[384, 129],
                seed=26)
+    graph_case("CUDA graph replays, shared expert", hidden=2048, inter=768, num_experts=16 * world, top_k=8,
+               tokens=[384, 129], seed=27, policies=("static:8", "weave"), replays=2, shared_inter=1536)
     check_errors(args.trace_dir)
     dist.barrier()
     log(f"CHOICE AGREEMENT: {CHOICES_CHECKED[0]}/{CHOICES_CHECKED[1]} (rank, call) pairs: kernel (c*, K*) == "

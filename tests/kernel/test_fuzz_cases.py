@@ -32,7 +32,8 @@ def test_cases_are_deterministic(fz):
 @pytest.mark.parametrize("big", [False, True])
 def test_every_case_is_a_layer_the_kernel_accepts(fz, cases, big):
     for c in cases if not big else [fz.draw_case(3, i, big=True) for i in range(100)]:
-        check_geometry(c["hidden"], c["inter"], c["experts"], c["top_k"], c["world"], c["world"])
+        check_geometry(c["hidden"], c["inter"], c["experts"], c["top_k"], c["world"], c["world"], c["shared_inter"])
+        assert (c["shared_inter"] > 0) == (c["shared_order"] in ("first", "last"))
         assert max(2, c["world"]) <= c["ctas_per_rank"] <= default_ctas_per_rank(fz.SMS, c["world"])
         assert c["max_tokens"] >= max(max(c["tokens"]), 1)
         assert c["experts"] * 3 * c["hidden"] * c["inter"] <= (fz.BIG_WEIGHT_ELEMS if big else fz.MAX_WEIGHT_ELEMS)
@@ -56,6 +57,25 @@ def test_cases_cover_the_corners(fz, cases):
     assert any(c["ctas_per_rank"] < fz.SMS // c["world"] for c in cases)
     assert any(c["max_tokens"] > max(c["tokens"]) + 1 for c in cases)
     assert any(max(c["tokens"]) >= 1000 for c in cases) and max(max(c["tokens"]) for c in cases) < fz.MAX_TOKENS
+    assert {None, "first", "last"} <= seen("shared_order") and 64 in seen("shared_inter")
+
+
+def test_shared_draw_leaves_the_other_fields_alone(fz):
+    """The fields other than the shared expert's are those drawn before it existed (commit 7e9490b's draw_case), so
+    the replay lines of earlier runs (docs/results/fuzz/) still name the same layers."""
+    before = {
+        (4, 11, False): {"world": 7, "ctas_per_rank": 18, "experts": 14, "top_k": 4, "hidden": 64, "inter": 256,
+                         "tokens": [25, 39, 0, 528, 11, 43, 69], "max_tokens": 528, "routing": "uniform",
+                         "zipf_s": 0.62, "hot_rank": 0, "placement": "contiguous", "dispatch": "threads", "repeats": 1,
+                         "policies": ["weave:17", "weave", "weave-nosteal", "sequential"]},
+        (6, 3, True): {"world": 2, "ctas_per_rank": 66, "experts": 256, "top_k": 7, "hidden": 2560, "inter": 1408,
+                       "tokens": [3, 466], "max_tokens": 466, "routing": "uniform", "zipf_s": 1.23, "hot_rank": 0,
+                       "placement": "contiguous", "dispatch": "threads", "repeats": 1,
+                       "policies": ["static:1", "weave-nosteal", "weave", "weave:17"]},
+    }
+    for (seed, index, big), fields in before.items():
+        c = fz.draw_case(seed, index, big=big)
+        assert {k: c[k] for k in fields} == fields
 
 
 @pytest.mark.parametrize("kind", ["zipf", "uniform", "duplicates", "hot_rank", "one_expert"])
