@@ -28,7 +28,7 @@ from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_i
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
-from .validate import check_layer_inputs, check_shared_weights
+from .validate import check_layer_inputs, check_shared_scale, check_shared_weights
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
@@ -251,7 +251,7 @@ class MoEMegakernel:
     # ---------------------------------------------------------------------------------------------------
     def __call__(self, x, topk_ids, topk_weights, w13, w2, *, policy: str = "static:24", check: bool = True,
                  record_timeline: bool = False, out: torch.Tensor | None = None, shared=None,
-                 shared_order: str = "last") -> torch.Tensor:
+                 shared_order: str = "last", shared_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Run the layer. check=True scans topk_ids and reads the error word after the launch (two host
         syncs); benchmarks pass check=False and call `raise_if_error()` once at the end.
         out: optional [N, H] bf16 contiguous output tensor (tests poison it first).
@@ -279,6 +279,10 @@ class MoEMegakernel:
                                  device=self.device)
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
+        if shared_scale is not None:
+            if shared is None:
+                raise ValueError("shared_scale weighs the shared expert's rows: pass shared= with it")
+            check_shared_scale(shared_scale, x.shape[0], device=self.device)
         pol = parse_policy(policy, self.num_ctas)
         if record_timeline and self.timeline_per_cta <= 0:
             raise ValueError("record_timeline needs the layer built with timeline_per_cta > 0")
@@ -293,7 +297,8 @@ class MoEMegakernel:
         # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
-            params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline, shared, shared_order)
+            params = self._params(x, ids, topk_weights, w13, w2, y, pol, record_timeline, shared, shared_order,
+                                  shared_scale)
             self.ext.launch(params, torch.cuda.current_stream(self.device).cuda_stream)
         except BaseException:
             self.epoch -= 1
@@ -303,9 +308,10 @@ class MoEMegakernel:
         return y
 
     def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool, shared=None,
-                shared_order: str = "last") -> dict:
+                shared_order: str = "last", shared_scale=None) -> dict:
         pl = self.plan
         return {
+            "shared_scale": shared_scale.data_ptr() if shared is not None and shared_scale is not None else 0,
             "w13s": shared[0].data_ptr() if shared is not None else 0,
             "w2s": shared[1].data_ptr() if shared is not None else 0,
             "hs": self.hs.data_ptr(), "ys": self.ys.data_ptr(), "g0s_done": self.g0s_done.data_ptr(),

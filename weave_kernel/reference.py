@@ -25,12 +25,13 @@ def moe_reference(
     w13: torch.Tensor,
     w2: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense single-process MoE in fp32.
 
     x: [N, H]; topk_ids: [N, k] int (global expert ids in [0, E)); topk_weights: [N, k];
-    w13: [E, 2I, H]; w2: [E, H, I] (all experts); shared: None or (w13s [2Is, H], w2s [H, Is]).
-    Returns y [N, H] float32.
+    w13: [E, 2I, H]; w2: [E, H, I] (all experts); shared: None or (w13s [2Is, H], w2s [H, Is]);
+    shared_scale: None (weight 1) or [N], each token's weight for the shared expert. Returns y [N, H] float32.
     """
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -47,7 +48,8 @@ def moe_reference(
         out = a @ w2[e].float().t()
         y.index_add_(0, tok, out * flat_w[pairs, None])
     if shared is not None:
-        y += shared_ffn(xf, shared[0].float(), shared[1].float())
+        ys = shared_ffn(xf, shared[0].float(), shared[1].float())
+        y += ys if shared_scale is None else ys * shared_scale.float()[:, None]
     return y
 
 
@@ -91,6 +93,7 @@ def ep_moe_reference(
     expert_local_index: torch.Tensor,
     group=None,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Expert-parallel MoE layer on this rank (no overlap): all_to_all dispatch, grouped FFN, all_to_all combine.
 
@@ -99,7 +102,7 @@ def ep_moe_reference(
     expert_owner / expert_local_index: [E] int64 (weave_sim Placement.owner and .local_index()).
     Without an initialised process group (or world size 1) the exchanges are identities.
     shared: None or the shared expert's (w13s [2Is, H], w2s [H, Is]), run on this rank's tokens after the routed
-    experts (dense matmuls, no overlap) and added.
+    experts (dense matmuls, no overlap) and added, weighted per token by shared_scale [N] if given.
     Returns y [N, H] in x's dtype (accumulated in fp32).
     """
     import torch.distributed as dist
@@ -141,7 +144,8 @@ def ep_moe_reference(
     per_pair[order] = back
     y = (per_pair.view(n, k, -1).float() * topk_weights.float().unsqueeze(-1)).sum(1)
     if shared is not None:
-        y += shared_ffn(x, shared[0], shared[1]).float()
+        ys = shared_ffn(x, shared[0], shared[1]).float()
+        y += ys if shared_scale is None else ys * shared_scale.float()[:, None]
     return y.to(x.dtype)
 
 

@@ -23,6 +23,11 @@ def check_shared_weights(w13s, w2s, *, hidden: int, inter_shared: int, device=No
     _tensor("w2s", w2s, (torch.bfloat16,), (hidden, inter_shared), device)
 
 
+def check_shared_scale(scale, num_tokens: int, device=None) -> None:
+    """The shared expert's weight per token: [N] fp32, contiguous."""
+    _tensor("shared_scale", scale, (torch.float32,), (num_tokens,), device)
+
+
 def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter: int, num_experts: int,
                        num_local_experts: int, top_k: int, max_tokens: int, device=None,
                        check_ids: bool = True) -> None:

@@ -80,11 +80,13 @@ class VirtualRanks:
         torch.cuda.synchronize(self.device)  # the ranks' own streams see the new tables
 
     def __call__(self, xs, topk_ids, topk_weights, w13s, w2s, *, policy: str = "static:8", check: bool = True,
-                 record_timeline: bool = False, outs=None, shared=None, shared_order: str = "last") -> list[torch.Tensor]:
+                 record_timeline: bool = False, outs=None, shared=None, shared_order: str = "last",
+                 shared_scales=None) -> list[torch.Tensor]:
         """One call of the layer on every rank (lists indexed by rank). Every rank's inputs are checked before
         any grid starts (a rank that never launches would leave the others waiting until their timeout).
         check=True also synchronises and raises if any rank's kernel flagged an error.
-        shared: None or, per rank, the shared expert's (w13s, w2s) (MoEMegakernel.__call__)."""
+        shared: None or, per rank, the shared expert's (w13s, w2s); shared_scales: None or per rank [N_r] fp32
+        (MoEMegakernel.__call__'s shared_scale)."""
         args = (xs, topk_ids, topk_weights, w13s, w2s) + ((outs,) if outs is not None else ()) + \
             ((shared,) if shared is not None else ())
         if any(len(a) != self.world for a in args):
@@ -113,7 +115,8 @@ class VirtualRanks:
             with torch.cuda.stream(stream):
                 ys.append(layer(xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r], policy=policy, check=False,
                                 record_timeline=record_timeline, out=None if outs is None else outs[r],
-                                shared=None if shared is None else shared[r], shared_order=shared_order))
+                                shared=None if shared is None else shared[r], shared_order=shared_order,
+                                shared_scale=None if shared_scales is None else shared_scales[r]))
         for stream, y in zip(self.streams, ys):
             cur.wait_stream(stream)
             y.record_stream(cur)

@@ -85,9 +85,10 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
              routing: str = "skewed", placement: str = "contiguous",
              policies=("sequential", "static:8", "static:64", "weave", "weave:16", "weave-nosteal"),
              repeats: int = 1, seed: int = 0, layer_cache: dict | None = None, ep_ref: bool = False,
-             x_scale: float = 1.0, shared_inter: int = 0, shared_calls=(None,)) -> None:
+             x_scale: float = 1.0, shared_inter: int = 0, shared_calls=(None,), shared_gate: bool = False) -> None:
     """shared_inter > 0: the layer has a shared expert of that width; shared_calls: per policy, one call per entry,
-    None (without the shared expert) or its ticket order "first" / "last"."""
+    None (without the shared expert) or its ticket order "first" / "last"; shared_gate: weigh its row per token
+    (shared_scale, random in [0, 1))."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
     pl = contiguous(num_experts, world) if placement == "contiguous" else round_robin(num_experts, world)
@@ -126,14 +127,19 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
         x_d = x.to(dev)
         ids_d = torch.as_tensor(ids).to(dev)
         w_d = torch.as_tensor(w).to(dev)
-        ref_sh = ref + shared_ffn(x_d.float(), sw[0].float(), sw[1].float()) if sw is not None else None
+        gate = torch.rand(n, generator=torch.Generator().manual_seed(s + 5)).to(dev) if shared_gate else None
+        ref_sh = None
+        if sw is not None:
+            ys = shared_ffn(x_d.float(), sw[0].float(), sw[1].float())
+            ref_sh = ref + (ys if gate is None else ys * gate[:, None])
         for pol in policies:
             for order in shared_calls:
                 y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
                 tag = "" if order is None else f" shared:{order}"
                 poisoned_run(f"{name:<34} rep {rep} {pol + tag:<11} tokens {tokens}", layer,
                              lambda: layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y,
-                                           shared=None if order is None else sw, shared_order=order or "last"),
+                                           shared=None if order is None else sw, shared_order=order or "last",
+                                           shared_scale=None if order is None else gate),
                              y, ref if order is None else ref_sh)
                 if pol.startswith("weave"):
                     check_choice(f"{name} rep {rep} {pol}{tag}", layer, pol, [r[0] for r in all_routing], pl,
@@ -141,7 +147,8 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
         if ep_ref:
             with_sh = sw is not None and any(o is not None for o in shared_calls)
             yr = ep_moe_reference(x_d, ids_d, w_d, w13, w2, torch.as_tensor(pl.owner),
-                                  torch.as_tensor(pl.local_index()), shared=sw if with_sh else None)
+                                  torch.as_tensor(pl.local_index()), shared=sw if with_sh else None,
+                                  shared_scale=gate if with_sh else None)
             ref = ref_sh if with_sh else ref
             errs = [None] * world
             dist.all_gather_object(errs, rel_err(yr, ref))
@@ -222,6 +229,46 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
         xf, idf, wf = (t.flip(0).contiguous() for t in (x_s, ids_s, w_s))
         poisoned_run(f"{name:<34} rep {rep} eager static:20 between replays", layer,
                      lambda: layer(xf, idf, wf, w13, w2, policy="static:20", out=y_e, **ksh), y_e, ref.flip(0))
+
+
+def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
+                shared_inter: int, scoring: str, norm: bool, scale: float, bias: bool, gated: bool, seed: int) -> None:
+    """WeaveMoE (the nn.Module) with the kernel backend against the fp32 reference on the module's own routing (its
+    route() is checked against an HF-style loop on CPU, tests/kernel/test_module.py), and against the torch backend
+    (the all-to-all reference path, all ranks)."""
+    from weave_kernel.module import WeaveMoE
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(3000 + seed)  # the same weights on every rank
+    r = lambda *sh, d=1.0: (torch.randn(*sh, device=dev, generator=g) / d**0.5).to(torch.bfloat16)  # noqa: E731
+    router, gate, up = r(num_experts, hidden, d=hidden), r(num_experts, inter, hidden, d=hidden), \
+        r(num_experts, inter, hidden, d=hidden)
+    down = r(num_experts, hidden, inter, d=inter)
+    sg, su, sd = r(shared_inter, hidden, d=hidden), r(shared_inter, hidden, d=hidden), r(hidden, shared_inter, d=shared_inter)
+    sgate, sbias = r(1, hidden, d=hidden), torch.randn(num_experts, device=dev, generator=g)
+    n = tokens[rank % len(tokens)]
+    kw = dict(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, max_tokens=max(tokens), scoring=scoring,
+              norm_topk=norm, routed_scale=scale, score_bias=bias, shared_inter=shared_inter, shared_gate=gated)
+    mods = {b: WeaveMoE(**kw, backend=b) for b in ("kernel", "torch")}
+    for m in mods.values():
+        m.load_router(router, sbias if bias else None)
+        m.load_experts(gate, up, down)
+        m.load_shared(sg, su, sd, sgate if gated else None)
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed * 31 + rank)).to(torch.bfloat16).to(dev)
+    ids, tw = mods["kernel"].route(x)
+    scl = torch.sigmoid(x.float() @ sgate.float().t()).squeeze(1) if gated else None
+    ref = moe_reference(x, ids, tw, torch.cat([gate, up], 1), down, shared=(torch.cat([sg, su], 0), sd),
+                        shared_scale=scl)
+    y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+    poisoned_run(f"{name:<34} WeaveMoE kernel backend", mods["kernel"].layer, lambda: y.copy_(mods["kernel"](x)), y, ref)
+    yt = mods["torch"](x)
+    errs = [None] * world
+    dist.all_gather_object(errs, rel_err(yt, ref))
+    ok = all(e <= TOL for e in errs)
+    log(f"{'PASS' if ok else 'FAIL'} {name:<34} WeaveMoE torch backend rel_err {' '.join(f'{e:.2e}' for e in errs)}")
+    if not ok:
+        FAILURES.append(f"{name} module torch backend")
 
 
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
@@ -415,9 +462,18 @@ def main() -> int:
     cache_sh: dict = {}
     run_case("shared expert, tokens 1 / 64", hidden=768, inter=384, num_experts=4 * world, top_k=2, tokens=[1, 64],
              seed=31, shared_inter=384, shared_calls=("last", "first"), policies=("sequential", "static:8", "weave"))
+    run_case("shared expert, gated per token", hidden=2048, inter=512, num_experts=8 * world, top_k=4,
+             tokens=[333, 129], seed=33, shared_inter=512, shared_calls=("last", "first"), shared_gate=True,
+             policies=("sequential", "static:20", "weave"), ep_ref=True)
     run_case("shared expert on / off, one layer", hidden=1024, inter=256, num_experts=8 * world, top_k=4,
              tokens=[513, 300], repeats=2, seed=32, layer_cache=cache_sh, shared_inter=512,
              shared_calls=("last", None, "first", None), policies=("static:20", "weave", "sequential"))
+    # the nn.Module wrapper: Qwen-style (softmax, renormalised, gated shared expert) and DeepSeek-V3-style routing
+    module_case("WeaveMoE qwen-style", hidden=2048, inter=512, num_experts=8 * world, top_k=4, tokens=[300, 77],
+                shared_inter=512, scoring="softmax", norm=True, scale=1.0, bias=False, gated=True, seed=40)
+    module_case("WeaveMoE deepseek-v3-style", hidden=1024, inter=256, num_experts=16 * world, top_k=8,
+                tokens=[257, 400], shared_inter=256, scoring="sigmoid", norm=True, scale=2.5, bias=True, gated=False,
+                seed=41)
     cache: dict = {}
     # gate pre-activations of several hundred: silu's fast division at both ends (exp(-g) overflowing to inf
     # for g < -87 must give 0, not NaN; g > 88 must give g)

@@ -89,6 +89,7 @@ void launch(const py::dict& d, uint64_t stream) {
   p.w2s = ptr<const void>(d, "w2s");
   p.hs = ptr<void>(d, "hs");
   p.ys = ptr<void>(d, "ys");
+  p.shared_scale = ptr<const float>(d, "shared_scale");
   p.g0s_done = ptr<uint32_t>(d, "g0s_done");
   p.inter_shared = get<int32_t>(d, "inter_shared");
   p.shared_first = get<int32_t>(d, "shared_first");

@@ -135,6 +135,7 @@ struct Params {
   const void* w2s;               // [hidden, inter_shared] bf16
   void* hs;                      // bf16 [max_tokens, inter_shared]: SwiGLU output
   void* ys;                      // bf16 [max_tokens, hidden]: the shared expert's output, added in the reduction
+  const float* shared_scale;     // [num_tokens] fp32: the shared row's weight per token (a gate, as Qwen's), or null: 1
   uint32_t* g0s_done;            // [2][max_shared_blocks]: GEMM0 tiles done per shared row block, parity epoch & 1
   int32_t inter_shared;          // Is (a multiple of 64), 0 = no shared expert
   int32_t shared_first;          // 1: its tiles take the tickets before the routed experts' (they fill the wait for

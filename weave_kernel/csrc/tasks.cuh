@@ -392,14 +392,15 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
         }
       }
     }
-    if (ys != nullptr) {  // the shared expert's row, weight 1
+    if (ys != nullptr) {  // the shared expert's row, weight 1 or the token's shared_scale
       const int4 v = __ldcg(ys + idx);
+      const float sc = p.shared_scale != nullptr ? __ldg(p.shared_scale + t) : 1.f;
       const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float2 f = __bfloat1622float2(v2[q]);
-        acc[2 * q] += f.x;
-        acc[2 * q + 1] += f.y;
+        acc[2 * q] += sc * f.x;
+        acc[2 * q + 1] += sc * f.y;
       }
     }
     int4 o;

@@ -1,0 +1,135 @@
+"""WeaveMoE on the torch backend (CPU): routing, weight loading and the shared expert against a per-token fp32 loop
+written the way HF MoE blocks compute, and the errors for bad input. The kernel backend runs in gpu_worker.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from weave_kernel.module import WeaveMoE, stack_expert_weights  # noqa: E402
+from weave_sim.placement import round_robin  # noqa: E402
+
+H, I, E, K, IS = 64, 128, 8, 2, 192
+
+
+def hf_block(x, router, gate, up, down, *, k, scoring, norm, scale=1.0, bias=None, shared=None, shared_gate=None):
+    """One token at a time, fp32: the MoE block as the checkpoints' modelling code writes it."""
+    x = x.float()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        logits = router.float() @ x[t]
+        if scoring == "softmax":
+            s = torch.softmax(logits, 0)
+            w, ids = torch.topk(s, k)
+        else:
+            s = torch.sigmoid(logits)
+            ids = torch.topk(s + (bias if bias is not None else 0), k).indices
+            w = s[ids]
+        if norm:
+            w = w / w.sum()
+        for j in range(k):
+            e = int(ids[j])
+            h = torch.nn.functional.silu(gate[e].float() @ x[t]) * (up[e].float() @ x[t])
+            out[t] += scale * w[j] * (down[e].float() @ h)
+        if shared is not None:
+            g, u, d = (m.float() for m in shared)
+            ys = d @ (torch.nn.functional.silu(g @ x[t]) * (u @ x[t]))
+            out[t] += ys * (torch.sigmoid(shared_gate.float() @ x[t]) if shared_gate is not None else 1.0)
+    return out
+
+
+def weights(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, d=1.0: (torch.randn(*s, generator=g) / d**0.5).to(torch.bfloat16)  # noqa: E731
+    return dict(router=r(E, H, d=H), gate=r(E, I, H, d=H), up=r(E, I, H, d=H), down=r(E, H, I, d=I),
+                sg=r(IS, H, d=H), su=r(IS, H, d=H), sd=r(H, IS, d=IS), sgate=r(1, H, d=H), bias=torch.randn(E, generator=g),
+                x=torch.randn(3, 11, H, generator=g).to(torch.bfloat16))
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("scoring,norm,scale,use_bias,gated", [
+    ("softmax", True, 1.0, False, True),    # Qwen-MoE: softmax, renormalised top-k, gated shared expert
+    ("softmax", False, 1.0, False, False),  # DeepSeek-V2: softmax without renormalising, plain shared expert
+    ("sigmoid", True, 2.5, True, False),    # DeepSeek-V3: sigmoid scores, correction bias to pick, scaled
+])
+def test_block_matches_the_hf_loop(scoring, norm, scale, use_bias, gated):
+    w = weights()
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                   scoring=scoring, norm_topk=norm, routed_scale=scale, score_bias=use_bias, shared_inter=IS,
+                   shared_gate=gated)
+    moe.load_router(w["router"], w["bias"] if use_bias else None)
+    moe.load_experts(list(w["gate"]), w["up"], w["down"])
+    moe.load_shared(w["sg"], w["su"], w["sd"], w["sgate"] if gated else None)
+    y = moe(w["x"])
+    assert y.shape == w["x"].shape and y.dtype == torch.bfloat16
+    ref = hf_block(w["x"].reshape(-1, H), w["router"], w["gate"], w["up"], w["down"], k=K, scoring=scoring, norm=norm,
+                   scale=scale, bias=w["bias"] if use_bias else None, shared=(w["sg"], w["su"], w["sd"]),
+                   shared_gate=w["sgate"] if gated else None)
+    assert rel(y.reshape(-1, H), ref) < 1e-2
+
+
+def test_local_experts_follow_the_placement():
+    w = weights(1)
+    pl = round_robin(E, 1)
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu",
+                   placement=pl)
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    for le, e in enumerate(pl.local_experts(0)):
+        assert torch.equal(moe.w13[le, :I], w["gate"][e]) and torch.equal(moe.w13[le, I:], w["up"][e])
+        assert torch.equal(moe.w2[le], w["down"][e])
+
+
+def test_custom_router_and_stacking_modules():
+    w = weights(2)
+    experts = []
+    for e in range(E):
+        m = torch.nn.Module()
+        for n, t in (("gate_proj", w["gate"][e]), ("up_proj", w["up"][e]), ("down_proj", w["down"][e])):
+            lin = torch.nn.Linear(t.shape[1], t.shape[0], bias=False)
+            lin.weight.data = t.clone()
+            setattr(m, n, lin)
+        experts.append(m)
+    g, u, d = stack_expert_weights(experts)
+    assert torch.equal(g, w["gate"]) and torch.equal(d, w["down"])
+    fixed = lambda x: (torch.zeros(x.shape[0], K, dtype=torch.int64) + torch.arange(K),  # noqa: E731
+                       torch.full((x.shape[0], K), 0.5))
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                   router=fixed)
+    moe.load_experts(g, u, d)
+    x = w["x"][0]
+    ids, tw = moe.route(x)
+    assert ids.dtype == torch.int32 and ids.tolist() == [[0, 1]] * x.shape[0] and tw.dtype == torch.float32
+    # experts 0 and 1 at weight 0.5 each: the loop with a router whose softmax is flat over 0 and 1 only
+    ref = sum(0.5 * (w["down"][e].float() @ (torch.nn.functional.silu(w["gate"][e].float() @ x.float().t()) *
+                                              (w["up"][e].float() @ x.float().t()))).t() for e in (0, 1))
+    assert rel(moe(x), ref) < 1e-2
+
+
+def test_bad_input_is_refused():
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu")
+    with pytest.raises(ValueError, match="backend"):
+        WeaveMoE(**{**kw, "backend": "triton"})
+    with pytest.raises(ValueError, match="scoring"):
+        WeaveMoE(**kw, scoring="relu")
+    with pytest.raises(ValueError, match="top_k"):
+        WeaveMoE(**{**kw, "top_k": E + 1})
+    with pytest.raises(ValueError, match="shared_gate needs"):
+        WeaveMoE(**kw, shared_gate=True)
+    moe = WeaveMoE(**kw)
+    w = weights()
+    with pytest.raises(ValueError, match="gate_proj must be"):
+        moe.load_experts(w["up"][:, :, :32], w["up"], w["down"])
+    with pytest.raises(ValueError, match="without a shared expert"):
+        moe.load_shared(w["sg"], w["su"], w["sd"])
+    with pytest.raises(ValueError, match="score_bias given"):
+        moe.load_router(w["router"], w["bias"])
+    with pytest.raises(TypeError, match="bf16"):
+        moe(w["x"].float())
+    with pytest.raises(ValueError, match="hidden size"):
+        moe(w["x"][..., :32])
+    gated = WeaveMoE(**kw, shared_inter=IS, shared_gate=True)
+    with pytest.raises(ValueError, match="gate_weight goes with"):
+        gated.load_shared(w["sg"], w["su"], w["sd"])

@@ -1,0 +1,194 @@
+"""`WeaveMoE`: the megakernel as a `torch.nn.Module` for model code. Router, routed experts and an optional shared
+expert of one MoE block on this rank; one megakernel launch per forward.
+
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=k, max_tokens=T,      # collective on every rank
+                   scoring="softmax", norm_topk=True, shared_inter=Is, shared_gate=True)
+    moe.load_router(router_weight)                     # [E, H] (the gate Linear of HF MoE blocks)
+    moe.load_experts(gate_proj, up_proj, down_proj)    # all E experts: [E, I, H], [E, I, H], [E, H, I] (or lists)
+    moe.load_shared(gate, up, down, gate_weight=g)     # [Is, H], [Is, H], [H, Is]; g [1, H] for a gated shared expert
+    y = moe(x)                                         # x [..., H] bf16 -> y [..., H] bf16
+
+Routing (what the common checkpoints do; `router=` takes any other function x [N, H] -> (ids [N, k], weights [N, k])):
+- scoring "softmax" (Mixtral, Qwen-MoE, DeepSeek-V2): p = softmax(x W_r^T) over all experts, the top-k of p, weights p
+  renormalised over the k when norm_topk;
+- scoring "sigmoid" (DeepSeek-V3): s = sigmoid(x W_r^T), the top-k of s + score_bias (the checkpoint's correction
+  bias, used only to pick), weights s renormalised when norm_topk;
+- either way the weights are multiplied by routed_scale. Group-limited routing (DeepSeek-V3's n_group / topk_group)
+  is not built in: pass it as `router=`.
+The router runs in fp32. The shared expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gate
+(Qwen-MoE), inside the kernel's reduction.
+
+backend="kernel" runs MoEMegakernel (CUDA, Hopper); backend="torch" runs weave_kernel.reference.ep_moe_reference (any
+device; the all-to-all baseline), so model code can be written and tested without the kernel.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .reference import ep_moe_reference
+
+SCORINGS = ("softmax", "sigmoid")
+BACKENDS = ("kernel", "torch")
+
+
+def _stack(t, name: str, shape: tuple) -> torch.Tensor:
+    """A list of E per-expert tensors or one stacked tensor -> [E, ...] with the given trailing shape."""
+    out = torch.stack(list(t)) if isinstance(t, (list, tuple)) else t
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{name} must be {list(shape)} (or a list of {shape[0]} tensors {list(shape[1:])}), got {got}")
+    return out
+
+
+class WeaveMoE(torch.nn.Module):
+    """One MoE block on this rank of an expert-parallel group (module docstring). Inference only (no gradients)."""
+
+    def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, max_tokens: int, placement=None,
+                 group=None, device=None, backend: str = "kernel", policy: str = "weave", scoring: str = "softmax",
+                 norm_topk: bool = True, routed_scale: float = 1.0, score_bias: bool = False,
+                 router: Callable | None = None, shared_inter: int = 0, shared_gate: bool = False,
+                 shared_order: str = "last", **kernel_kwargs):
+        """placement: a weave_sim Placement (default contiguous over the group); kernel_kwargs go to MoEMegakernel
+        (timeout_s, cost_profile, dispatch, num_ctas, ...)."""
+        super().__init__()
+        import torch.distributed as dist
+
+        from weave_sim.placement import contiguous
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
+        if shared_gate and shared_inter <= 0:
+            raise ValueError("shared_gate needs a shared expert (shared_inter > 0)")
+        distributed = dist.is_available() and dist.is_initialized()
+        self.world = dist.get_world_size(group) if distributed else 1
+        self.rank = dist.get_rank(group) if distributed else 0
+        self.group = group
+        self.placement = placement if placement is not None else contiguous(num_experts, self.world)
+        if self.placement.num_experts != num_experts or self.placement.num_gpus != self.world:
+            raise ValueError(f"placement of {self.placement.num_experts} experts over {self.placement.num_gpus} GPUs; "
+                             f"this block has {num_experts} experts over {self.world} ranks")
+        self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
+        self.shared_inter, self.shared_order = int(shared_inter), shared_order
+        self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
+        self.routed_scale, self.custom_router = float(routed_scale), router
+        dev = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        self.local = [int(e) for e in self.placement.local_experts(self.rank)]
+        e_loc = len(self.local)
+        bf = dict(dtype=torch.bfloat16, device=dev)
+        frozen = dict(requires_grad=False)
+        self.router_weight = torch.nn.Parameter(torch.zeros(num_experts, hidden, dtype=torch.float32, device=dev),
+                                                **frozen)
+        self.score_bias = torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=dev), **frozen) \
+            if score_bias else None
+        self.w13 = torch.nn.Parameter(torch.zeros(e_loc, 2 * inter, hidden, **bf), **frozen)
+        self.w2 = torch.nn.Parameter(torch.zeros(e_loc, hidden, inter, **bf), **frozen)
+        self.w13s = self.w2s = self.shared_gate = None
+        if shared_inter:
+            self.w13s = torch.nn.Parameter(torch.zeros(2 * shared_inter, hidden, **bf), **frozen)
+            self.w2s = torch.nn.Parameter(torch.zeros(hidden, shared_inter, **bf), **frozen)
+            if shared_gate:
+                self.shared_gate = torch.nn.Parameter(torch.zeros(1, hidden, dtype=torch.float32, device=dev), **frozen)
+        self.layer = None
+        if backend == "kernel":
+            from .megakernel import MoEMegakernel
+
+            self.layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
+                                       placement=self.placement, max_tokens=max_tokens, group=group, device=dev,
+                                       shared_inter=shared_inter, **kernel_kwargs)
+        self._owner = torch.as_tensor(self.placement.owner)
+        self._local_index = torch.as_tensor(self.placement.local_index())
+
+    # ---- weights ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_router(self, weight: torch.Tensor, score_bias: torch.Tensor | None = None) -> None:
+        """weight [E, H] (any float dtype); score_bias [E] (scoring "sigmoid" with score_bias=True)."""
+        self.router_weight.copy_(_stack(weight, "router weight", (self.num_experts, self.hidden)).float())
+        if score_bias is not None:
+            if self.score_bias is None:
+                raise ValueError("score_bias given, but the block was built with score_bias=False")
+            self.score_bias.copy_(_stack(score_bias, "score_bias", (self.num_experts,)).float())
+
+    @torch.no_grad()
+    def load_experts(self, gate_proj, up_proj, down_proj) -> None:
+        """All E experts' weights in global order, each stacked [E, ...] or a list of E: gate_proj [I, H] (W1 of
+        Mixtral), up_proj [I, H] (W3), down_proj [H, I] (W2). This rank keeps its local experts."""
+        E, H, I = self.num_experts, self.hidden, self.inter
+        g, u, d = (_stack(t, n, s) for t, n, s in ((gate_proj, "gate_proj", (E, I, H)), (up_proj, "up_proj", (E, I, H)),
+                                                    (down_proj, "down_proj", (E, H, I))))
+        idx = torch.as_tensor(self.local, device=g.device)
+        self.w13.copy_(torch.cat([g[idx], u[idx]], dim=1))
+        self.w2.copy_(d[idx])
+
+    @torch.no_grad()
+    def load_shared(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
+                    gate_weight: torch.Tensor | None = None) -> None:
+        """The shared expert: gate_proj [Is, H], up_proj [Is, H], down_proj [H, Is] (DeepSeek's shared_experts hold
+        all of them as one MLP of width num_shared x I); gate_weight [1, H] with shared_gate (Qwen's
+        shared_expert_gate)."""
+        if self.w13s is None:
+            raise ValueError("this block was built without a shared expert (shared_inter=0)")
+        H, Is = self.hidden, self.shared_inter
+        g = _stack(gate_proj, "shared gate_proj", (Is, H))
+        u = _stack(up_proj, "shared up_proj", (Is, H))
+        self.w13s.copy_(torch.cat([g, u], dim=0))
+        self.w2s.copy_(_stack(down_proj, "shared down_proj", (H, Is)))
+        if (gate_weight is None) != (self.shared_gate is None):
+            raise ValueError("gate_weight goes with shared_gate=True, and only with it")
+        if gate_weight is not None:
+            self.shared_gate.copy_(_stack(gate_weight, "shared gate_weight", (1, H)).float())
+
+    # ---- forward ------------------------------------------------------------------------------------------
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids [N, k] int32, topk_weights [N, k] fp32) for the rows of x [N, H]."""
+        if self.custom_router is not None:
+            ids, w = self.custom_router(x)
+            return ids.to(torch.int32), w.float()
+        logits = x.float() @ self.router_weight.t()
+        if self.scoring == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+            w, ids = torch.topk(scores, self.top_k, dim=-1)
+        else:
+            scores = torch.sigmoid(logits)
+            pick = scores if self.score_bias is None else scores + self.score_bias
+            ids = torch.topk(pick, self.top_k, dim=-1).indices
+            w = scores.gather(1, ids)
+        if self.norm_topk:
+            w = w / w.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        return ids.to(torch.int32), (w * self.routed_scale).float().contiguous()
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden:
+            raise ValueError(f"x must end in the hidden size {self.hidden}, got shape {list(x.shape)}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"x must be bf16 (the kernel's dtype), got {x.dtype}")
+        flat = x.reshape(-1, self.hidden).contiguous()
+        ids, w = self.route(flat)
+        shared = (self.w13s, self.w2s) if self.w13s is not None else None
+        scale = torch.sigmoid(flat.float() @ self.shared_gate.t()).squeeze(1).contiguous() \
+            if self.shared_gate is not None else None
+        if self.backend == "kernel":
+            y = self.layer(flat, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
+                           shared_order=self.shared_order, shared_scale=scale)
+        else:
+            y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
+                                 shared=shared, shared_scale=scale)
+        return y.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return (f"hidden={self.hidden}, inter={self.inter}, experts={self.num_experts} ({len(self.local)} here), "
+                f"top_k={self.top_k}, scoring={self.scoring}, shared_inter={self.shared_inter}, backend={self.backend}, "
+                f"policy={self.policy}")
+
+
+def stack_expert_weights(experts: Sequence, names=("gate_proj", "up_proj", "down_proj")) -> tuple:
+    """(gate [E, I, H], up [E, I, H], down [E, H, I]) from a list of expert modules whose Linear layers carry `names`
+    (HF Qwen / DeepSeek: gate_proj, up_proj, down_proj; Mixtral: w1, w3, w2)."""
+    return tuple(torch.stack([getattr(m, n).weight for m in experts]) for n in names)
