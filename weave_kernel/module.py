@@ -49,9 +49,11 @@ class WeaveMoE(torch.nn.Module):
                  group=None, device=None, backend: str = "kernel", policy: str = "weave", scoring: str = "softmax",
                  norm_topk: bool = True, routed_scale: float = 1.0, score_bias: bool = False,
                  router: Callable | None = None, shared_inter: int = 0, shared_gate: bool = False,
-                 shared_order: str = "last", **kernel_kwargs):
-        """placement: a weave_sim Placement (default contiguous over the group); kernel_kwargs go to MoEMegakernel
-        (timeout_s, cost_profile, dispatch, num_ctas, ...)."""
+                 shared_order: str = "last", check: bool = True, **kernel_kwargs):
+        """placement: a weave_sim Placement (default contiguous over the group); check=False skips the kernel call's
+        host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
+        raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
+        dispatch, num_ctas, ...)."""
         super().__init__()
         import torch.distributed as dist
 
@@ -76,7 +78,7 @@ class WeaveMoE(torch.nn.Module):
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
         self.shared_inter, self.shared_order = int(shared_inter), shared_order
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
-        self.routed_scale, self.custom_router = float(routed_scale), router
+        self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
         dev = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
@@ -176,11 +178,16 @@ class WeaveMoE(torch.nn.Module):
             if self.shared_gate is not None else None
         if self.backend == "kernel":
             y = self.layer(flat, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
-                           shared_order=self.shared_order, shared_scale=scale)
+                           shared_order=self.shared_order, shared_scale=scale, check=self.check)
         else:
             y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
                                  shared=shared, shared_scale=scale)
         return y.reshape(x.shape)
+
+    def raise_if_error(self) -> None:
+        """After forwards with check=False: synchronise and raise if the kernel flagged an error (kernel backend)."""
+        if self.layer is not None:
+            self.layer.raise_if_error()
 
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, inter={self.inter}, experts={self.num_experts} ({len(self.local)} here), "

@@ -81,6 +81,28 @@ def poisoned_run(label: str, layer, call, out: torch.Tensor, ref: torch.Tensor) 
     return ok
 
 
+def check_all_ranks(label: str, err: float) -> bool:
+    """Gather this rank's rel. error, log PASS/FAIL with every rank's, record a failure. Every rank must call it."""
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    ok = all(e <= TOL for e in errs)
+    log(f"{'PASS' if ok else 'FAIL'} {label} rel_err {' '.join(f'{e:.2e}' for e in errs)}")
+    if not ok:
+        FAILURES.append(" ".join(label.split()))
+    return ok
+
+
+def expect_refused(what: str, call, exc_type=ValueError) -> None:
+    """`call` must raise exc_type (bad input refused on the host); log it, record a failure if it did not."""
+    try:
+        call()
+    except exc_type as exc:
+        log(f"PASS {what} refused: {exc}")
+        return
+    FAILURES.append(what)
+    log(f"FAIL {what} was not refused")
+
+
 def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
              routing: str = "skewed", placement: str = "contiguous",
              policies=("sequential", "static:8", "static:64", "weave", "weave:16", "weave-nosteal"),
@@ -149,14 +171,7 @@ def run_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int
             yr = ep_moe_reference(x_d, ids_d, w_d, w13, w2, torch.as_tensor(pl.owner),
                                   torch.as_tensor(pl.local_index()), shared=sw if with_sh else None,
                                   shared_scale=gate if with_sh else None)
-            ref = ref_sh if with_sh else ref
-            errs = [None] * world
-            dist.all_gather_object(errs, rel_err(yr, ref))
-            ok = all(e <= TOL for e in errs)
-            log(f"{'PASS' if ok else 'FAIL'} {name:<34} rep {rep} ep_reference rel_err "
-                f"{' '.join(f'{e:.2e}' for e in errs)}")
-            if not ok:
-                FAILURES.append(f"{name} ep_reference")
+            check_all_ranks(f"{name:<34} rep {rep} ep_reference", rel_err(yr, ref_sh if with_sh else ref))
 
 
 def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
@@ -238,7 +253,7 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
     (the all-to-all reference path, all ranks)."""
     from weave_kernel.module import WeaveMoE
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=dev).manual_seed(3000 + seed)  # the same weights on every rank
     r = lambda *sh, d=1.0: (torch.randn(*sh, device=dev, generator=g) / d**0.5).to(torch.bfloat16)  # noqa: E731
@@ -262,13 +277,7 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
                         shared_scale=scl)
     y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
     poisoned_run(f"{name:<34} WeaveMoE kernel backend", mods["kernel"].layer, lambda: y.copy_(mods["kernel"](x)), y, ref)
-    yt = mods["torch"](x)
-    errs = [None] * world
-    dist.all_gather_object(errs, rel_err(yt, ref))
-    ok = all(e <= TOL for e in errs)
-    log(f"{'PASS' if ok else 'FAIL'} {name:<34} WeaveMoE torch backend rel_err {' '.join(f'{e:.2e}' for e in errs)}")
-    if not ok:
-        FAILURES.append(f"{name} module torch backend")
+    check_all_ranks(f"{name:<34} WeaveMoE torch backend", rel_err(mods["torch"](x), ref))
 
 
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
@@ -344,18 +353,8 @@ def check_errors(trace_dir: str | None) -> None:
         log(f"{'PASS' if ok else 'FAIL'} shared:{order} timeline: {len(sh0)} shared GEMM0 and {len(sh1)} GEMM1 events")
         if not ok:
             FAILURES.append(f"shared timeline {order}")
-    try:
-        ls(x, ids_d, w_d, w13, w2, shared=(sw[1], sw[0]))
-        FAILURES.append("shared weight check")
-        log("FAIL shared weights of the wrong shape were not refused")
-    except ValueError as exc:
-        log(f"PASS shared weights of the wrong shape refused: {exc}")
-    try:
-        layer(x, ids_d, w_d, w13, w2, shared=sw)
-        FAILURES.append("shared without shared_inter")
-        log("FAIL shared= on a layer built without a shared expert was not refused")
-    except ValueError as exc:
-        log(f"PASS shared= on a layer without a shared expert refused: {exc}")
+    expect_refused("shared weights of the wrong shape", lambda: ls(x, ids_d, w_d, w13, w2, shared=(sw[1], sw[0])))
+    expect_refused("shared= on a layer built without a shared expert", lambda: layer(x, ids_d, w_d, w13, w2, shared=sw))
 
     # weave: the in-kernel choice appears in the count_exchange records' args
     layer(x, ids_d, w_d, w13, w2, policy="weave", record_timeline=True)
@@ -387,12 +386,7 @@ def check_errors(trace_dir: str | None) -> None:
     # host-side id check
     bad = ids_d.clone()
     bad[3, 1] = E
-    try:
-        layer(x, bad, w_d, w13, w2)
-        FAILURES.append("host id check")
-        log("FAIL host-side id check did not raise")
-    except ValueError as exc:
-        log(f"PASS host-side id check: {exc}")
+    expect_refused("host-side id check", lambda: layer(x, bad, w_d, w13, w2))
     # in-kernel id check (every rank passes a bad id, so nobody waits for a peer)
     try:
         layer(x, bad, w_d, w13, w2, check=False)

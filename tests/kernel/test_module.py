@@ -133,3 +133,20 @@ def test_bad_input_is_refused():
     gated = WeaveMoE(**kw, shared_inter=IS, shared_gate=True)
     with pytest.raises(ValueError, match="gate_weight goes with"):
         gated.load_shared(w["sg"], w["su"], w["sd"])
+
+
+def test_e2e_stack_runs_on_cpu_with_the_torch_backend():
+    """weave_kernel.e2e's pieces (its timing needs CUDA): the stack's layers and their MoE blocks on CPU."""
+    from weave_kernel.e2e import DecoderLayer, build_moes
+    from weave_sim.presets import get_model
+
+    model = get_model("custom:E=8:k=2:H=256:I=128:shared=1")
+    moes = build_moes(model, 2, 16, "torch", "weave", True, torch.device("cpu"), seed=3)
+    again = build_moes(model, 1, 16, "torch", "weave", True, torch.device("cpu"), seed=3)[0]
+    assert torch.equal(moes[0].w13, again.w13) and torch.equal(moes[0].w2s, again.w2s)  # a draw per (layer, key)
+    assert not torch.equal(moes[0].w13, moes[1].w13)
+    torch.manual_seed(0)
+    layer = DecoderLayer(256, moes[0], torch.device("cpu"))
+    x = torch.randn(16, 256).to(torch.bfloat16)
+    y, y_attn = layer(x), layer(x, with_moe=False)
+    assert y.shape == x.shape and torch.isfinite(y.float()).all() and not torch.equal(y, y_attn)
