@@ -24,7 +24,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, SH, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -45,6 +45,14 @@ want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 -
 # their time at EP=2 (docs/engine.md "Shared experts"; EP=1 measured in docs/kernel.md)
 want SH && bench bench_SH_$TAG --models deepseek-v2-lite,qwen3.5-35b-a3b,deepseek-v2,deepseek-v3 --tokens 2048,4096,8192 \
   --synthetic fitted --comm 8,20 --weave-comm 4,8,16 --shared last
+# E2E: a decoder stack with WeaveMoE blocks, end to end across the ranks (weave_kernel/e2e.py; EP=1 in docs/kernel.md)
+if want E2E; then
+  for m in qwen3-30b-a3b deepseek-v2-lite qwen3.5-35b-a3b deepseek-v2; do
+    sh=""; [ $m != qwen3-30b-a3b ] && sh=--shared
+    timeout 150 torchrun --nproc_per_node=$NPROC -m weave_kernel.e2e --model $m --tokens 4096 --layers 4 $sh \
+      --out $R/e2e_${m}_$TAG.json > $R/e2e_${m}_$TAG.log 2>&1; echo "e2e $m rc $? [${SECONDS}s]"
+  done
+fi
 # D: dispatch by bulk copies (--ab-dispatch: the same kernel, rows copied by 8 issuing warps' bulk copies, timed in
 # alternation with the default all-thread copies; csrc/bulk_copy.cuh), after the 2-rank tests and a sanitizer pass in
 # that mode, and the calibration's push curve in that mode (calib_bulk_$TAG.json: the profile a bulk kernel would read)
