@@ -135,14 +135,20 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
     from .timeline_stats import busy_stats
 
     kinds = ["count_exchange", "choose", "dispatch", "gemm0", "gemm1", "combine", "reduce", "wait"]
-    rows = []
+    rows, stats = [], []
     for path in args.traces:
         for gpu, st in busy_stats(path, args.sms, args.start_kind).items():
-            share = [st["work_us_by_kind"].get(k, 0.0) / (st["span_us"] * st["num_sms"]) for k in kinds]
-            rows.append([path.name, gpu, st["span_us"], f"{100 * st['busy_fraction']:.1f}%",
-                         *[f"{100 * x:.1f}%" for x in share]])
-    print(format_table(["trace", "GPU", "span us", "busy", *kinds], rows,
+            stats.append((path, gpu, st))
+    shared = any(st["shared_expert_us"] > 0 for _, _, st in stats)  # a column only when a trace has such tiles
+    for path, gpu, st in stats:
+        area = st["span_us"] * st["num_sms"]
+        share = [st["work_us_by_kind"].get(k, 0.0) / area for k in kinds]
+        rows.append([path.name, gpu, st["span_us"], f"{100 * st['busy_fraction']:.1f}%",
+                     *[f"{100 * x:.1f}%" for x in share]] + ([f"{100 * st['shared_expert_us'] / area:.1f}%"]
+                                                              if shared else []))
+    print(format_table(["trace", "GPU", "span us", "busy", *kinds] + (["of which shared"] if shared else []), rows,
                        "share of SM time (span x SMs) per task kind; busy excludes waits"
+                       + ("; 'of which shared': the shared expert's gemm0 + gemm1 tiles" if shared else "")
                        + (f"; window from each GPU's last {args.start_kind}" if args.start_kind else "")))
     return 0
 

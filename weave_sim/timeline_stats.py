@@ -29,7 +29,8 @@ def load_events(trace) -> list[dict]:
 
 def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None) -> dict[int, dict]:
     """Per GPU (pid): span_us (first start to last end), busy fraction = work / (span x SMs), and work
-    by role and by kind in microseconds. SMs: `num_sms`, else the highest SM index seen + 1.
+    by role and by kind in microseconds; shared_expert_us: the part of the gemm0 / gemm1 work that was the shared
+    expert's tiles (events with args "shared"). SMs: `num_sms`, else the highest SM index seen + 1.
 
     start_kind: begin each GPU's window where the first of its SMs starts its last event of that kind, and
     clip events to the window. With "count_exchange" on a megakernel trace that is the moment the GPU holds
@@ -53,7 +54,7 @@ def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None)
     per: dict[int, dict] = {}
     for e in events:
         pid = int(e["pid"])
-        g = per.setdefault(pid, {"t0": float("inf"), "t1": 0.0, "sms": 0, "by_kind": {}, "by_role": {}})
+        g = per.setdefault(pid, {"t0": float("inf"), "t1": 0.0, "sms": 0, "by_kind": {}, "by_role": {}, "shared": 0.0})
         ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
         g["sms"] = max(g["sms"], int(e["tid"]) + 1)
         if pid in starts:
@@ -63,6 +64,8 @@ def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None)
         dur = end - ts
         g["t0"], g["t1"] = min(g["t0"], ts), max(g["t1"], end)
         g["by_kind"][e["name"]] = g["by_kind"].get(e["name"], 0.0) + dur
+        if (e.get("args") or {}).get("shared"):  # a shared expert's GEMM tile (also counted under its kind)
+            g["shared"] += dur
         if e["name"] not in IDLE_KINDS:
             role = e.get("cat", "?")
             g["by_role"][role] = g["by_role"].get(role, 0.0) + dur
@@ -74,5 +77,5 @@ def busy_stats(trace, num_sms: int | None = None, start_kind: str | None = None)
         sms = num_sms or g["sms"]
         work = sum(v for k, v in g["by_kind"].items() if k not in IDLE_KINDS)
         out[pid] = {"span_us": span, "num_sms": sms, "busy_fraction": work / (span * sms) if span > 0 else 0.0,
-                    "work_us_by_role": g["by_role"], "work_us_by_kind": g["by_kind"]}
+                    "work_us_by_role": g["by_role"], "work_us_by_kind": g["by_kind"], "shared_expert_us": g["shared"]}
     return out

@@ -239,3 +239,27 @@ def test_cli_simulate_and_sweep_with_shared(tmp_path, capsys):
     assert json.loads((tmp_path / "sweep.json").read_text())["config"]["shared"] == "first"
     with pytest.raises(SystemExit):
         main(["simulate", *argv, "--shared", "middle", "--out", str(tmp_path)])
+
+
+def test_timeline_stats_counts_the_shared_tiles(tmp_path, capsys):
+    """busy_stats and `weave-sim timeline-stats` report the shared expert's share of the GEMM work (events with
+    args "shared", as both the kernel's and the simulator's traces mark them)."""
+    import json
+
+    from weave_sim.cli import main
+    from weave_sim.timeline_stats import busy_stats
+
+    ev = [{"ph": "X", "pid": 0, "tid": sm, "name": name, "cat": "compute", "ts": ts, "dur": 10.0, "args": args}
+          for sm, name, ts, args in ((0, "gemm0", 0.0, {}), (0, "gemm0", 10.0, {"shared": 1}),
+                                     (1, "gemm1", 0.0, {"shared": 1}), (1, "wait", 10.0, {}))]
+    st = busy_stats({"traceEvents": ev})[0]
+    assert st["shared_expert_us"] == 20.0 and st["work_us_by_kind"] == {"gemm0": 20.0, "gemm1": 10.0, "wait": 10.0}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    assert main(["timeline-stats", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "of which shared" in out and "50.0%" in out  # 20 us of a 20 us x 2 SM window
+    no_shared = tmp_path / "u.json"
+    no_shared.write_text(json.dumps({"traceEvents": ev[:1]}))
+    main(["timeline-stats", str(no_shared)])
+    assert "of which shared" not in capsys.readouterr().out
