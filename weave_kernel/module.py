@@ -13,8 +13,10 @@ Routing (what the common checkpoints do; `router=` takes any other function x [N
   renormalised over the k when norm_topk;
 - scoring "sigmoid" (DeepSeek-V3): s = sigmoid(x W_r^T), the top-k of s + score_bias (the checkpoint's correction
   bias, used only to pick), weights s renormalised when norm_topk;
-- either way the weights are multiplied by routed_scale. Group-limited routing (DeepSeek-V3's n_group / topk_group)
-  is not built in: pass it as `router=`.
+- group-limited (DeepSeek-V3's n_group / topk_group, with "sigmoid"; DeepSeek-V2's with "softmax"): the experts
+  form n_group equal groups, each group is scored by the sum of its two best picking scores ("sigmoid") or its best
+  score ("softmax"), and the top-k is taken among the experts of the topk_group best groups only;
+- either way the weights are multiplied by routed_scale.
 The router runs in fp32. The shared expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gate
 (Qwen-MoE), inside the kernel's reduction.
 
@@ -48,7 +50,8 @@ class WeaveMoE(torch.nn.Module):
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, max_tokens: int, placement=None,
                  group=None, device=None, backend: str = "kernel", policy: str = "weave", scoring: str = "softmax",
                  norm_topk: bool = True, routed_scale: float = 1.0, score_bias: bool = False,
-                 router: Callable | None = None, shared_inter: int = 0, shared_gate: bool = False,
+                 router: Callable | None = None, n_group: int = 1, topk_group: int = 1,
+                 shared_inter: int = 0, shared_gate: bool = False,
                  shared_order: str = "last", check: bool = True, **kernel_kwargs):
         """placement: a weave_sim Placement (default contiguous over the group); check=False skips the kernel call's
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
@@ -65,6 +68,12 @@ class WeaveMoE(torch.nn.Module):
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
+        if n_group < 1 or num_experts % n_group or not 1 <= topk_group <= n_group:
+            raise ValueError(f"n_group ({n_group}) must divide num_experts ({num_experts}) and topk_group ({topk_group}) "
+                             f"be in [1, n_group]")
+        if n_group > 1 and top_k > topk_group * (num_experts // n_group):
+            raise ValueError(f"top_k {top_k} exceeds the {topk_group} x {num_experts // n_group} experts of the groups "
+                             f"it may pick from")
         if shared_gate and shared_inter <= 0:
             raise ValueError("shared_gate needs a shared expert (shared_inter > 0)")
         distributed = dist.is_available() and dist.is_initialized()
@@ -79,6 +88,7 @@ class WeaveMoE(torch.nn.Module):
         self.shared_inter, self.shared_order = int(shared_inter), shared_order
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
+        self.n_group, self.topk_group = n_group, topk_group
         dev = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
@@ -153,14 +163,17 @@ class WeaveMoE(torch.nn.Module):
             ids, w = self.custom_router(x)
             return ids.to(torch.int32), w.float()
         logits = x.float() @ self.router_weight.t()
-        if self.scoring == "softmax":
-            scores = torch.softmax(logits, dim=-1)
-            w, ids = torch.topk(scores, self.top_k, dim=-1)
-        else:
-            scores = torch.sigmoid(logits)
-            pick = scores if self.score_bias is None else scores + self.score_bias
-            ids = torch.topk(pick, self.top_k, dim=-1).indices
-            w = scores.gather(1, ids)
+        scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
+        pick = scores if self.score_bias is None else scores + self.score_bias
+        if self.n_group > 1:  # only the experts of the topk_group best groups may be picked
+            grouped = pick.view(pick.shape[0], self.n_group, -1)
+            group_score = (grouped.topk(2, dim=-1).values.sum(-1) if self.scoring == "sigmoid" and grouped.shape[-1] > 1
+                           else grouped.max(dim=-1).values)
+            keep = torch.zeros_like(group_score, dtype=torch.bool)
+            keep.scatter_(1, group_score.topk(self.topk_group, dim=-1).indices, True)
+            pick = pick.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        ids = torch.topk(pick, self.top_k, dim=-1).indices
+        w = scores.gather(1, ids)
         if self.norm_topk:
             w = w / w.sum(dim=-1, keepdim=True).clamp_min(1e-20)
         return ids.to(torch.int32), (w * self.routed_scale).float().contiguous()

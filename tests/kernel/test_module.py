@@ -12,19 +12,26 @@ from weave_sim.placement import round_robin  # noqa: E402
 H, I, E, K, IS = 64, 128, 8, 2, 192
 
 
-def hf_block(x, router, gate, up, down, *, k, scoring, norm, scale=1.0, bias=None, shared=None, shared_gate=None):
-    """One token at a time, fp32: the MoE block as the checkpoints' modelling code writes it."""
+def hf_block(x, router, gate, up, down, *, k, scoring, norm, scale=1.0, bias=None, shared=None, shared_gate=None,
+             groups=None):
+    """One token at a time, fp32: the MoE block as the checkpoints' modelling code writes it. groups: (n_group,
+    topk_group), DeepSeek's group-limited routing (V3: a group's score is the sum of its two best biased sigmoid
+    scores; V2: its best softmax score)."""
     x = x.float()
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         logits = router.float() @ x[t]
-        if scoring == "softmax":
-            s = torch.softmax(logits, 0)
-            w, ids = torch.topk(s, k)
-        else:
-            s = torch.sigmoid(logits)
-            ids = torch.topk(s + (bias if bias is not None else 0), k).indices
-            w = s[ids]
+        s = torch.softmax(logits, 0) if scoring == "softmax" else torch.sigmoid(logits)
+        choice = s + (bias if bias is not None else 0)
+        if groups is not None:
+            n_group, topk_group = groups
+            per = choice.view(n_group, -1)
+            gscore = per.topk(2).values.sum(-1) if scoring == "sigmoid" else per.max(-1).values
+            allowed = set(torch.topk(gscore, topk_group).indices.tolist())
+            choice = torch.stack([c if e // per.shape[1] in allowed else torch.tensor(float("-inf"))
+                                  for e, c in enumerate(choice)])
+        ids = torch.topk(choice, k).indices
+        w = s[ids]
         if norm:
             w = w / w.sum()
         for j in range(k):
@@ -69,6 +76,27 @@ def test_block_matches_the_hf_loop(scoring, norm, scale, use_bias, gated):
                    scale=scale, bias=w["bias"] if use_bias else None, shared=(w["sg"], w["su"], w["sd"]),
                    shared_gate=w["sgate"] if gated else None)
     assert rel(y.reshape(-1, H), ref) < 1e-2
+
+
+@pytest.mark.parametrize("scoring,use_bias", [("sigmoid", True), ("softmax", False)])  # DeepSeek-V3, V2
+def test_group_limited_routing_matches_the_hf_loop(scoring, use_bias):
+    w = weights(4)
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu", scoring=scoring,
+              norm_topk=True, score_bias=use_bias)
+    moe = WeaveMoE(**kw, n_group=4, topk_group=1)
+    moe.load_router(w["router"], w["bias"] if use_bias else None)
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    ids, _ = moe.route(w["x"].reshape(-1, H))
+    assert (ids // (E // 4)).unique(dim=1).shape[1] == 1  # topk_group 1: both picks from one group of 2
+    ref = hf_block(w["x"].reshape(-1, H), w["router"], w["gate"], w["up"], w["down"], k=K, scoring=scoring, norm=True,
+                   bias=w["bias"] if use_bias else None, groups=(4, 1))
+    assert rel(moe(w["x"]).reshape(-1, H), ref) < 1e-2
+    flat = WeaveMoE(**kw)  # without groups the routing differs somewhere among 33 tokens
+    flat.load_router(w["router"], w["bias"] if use_bias else None)
+    assert not torch.equal(flat.route(w["x"].reshape(-1, H))[0], ids)
+    for bad in (dict(n_group=3), dict(n_group=4, topk_group=5), dict(n_group=8, topk_group=1)):
+        with pytest.raises(ValueError, match="n_group|exceeds"):
+            WeaveMoE(**kw, **bad)
 
 
 def test_local_experts_follow_the_placement():
