@@ -247,10 +247,12 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
 
 
 def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
-                shared_inter: int, scoring: str, norm: bool, scale: float, bias: bool, gated: bool, seed: int) -> None:
+                shared_inter: int, scoring: str, norm: bool, scale: float, bias: bool, gated: bool, seed: int,
+                n_group: int = 1, topk_group: int = 1, graph: bool = False) -> None:
     """WeaveMoE (the nn.Module) with the kernel backend against the fp32 reference on the module's own routing (its
     route() is checked against an HF-style loop on CPU, tests/kernel/test_module.py), and against the torch backend
-    (the all-to-all reference path, all ranks)."""
+    (the all-to-all reference path, all ranks); graph: also a CUDA graph of the whole forward (router included,
+    check=False), replayed on new tokens copied into its input."""
     from weave_kernel.module import WeaveMoE
 
     rank = dist.get_rank()
@@ -264,7 +266,8 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
     sgate, sbias = r(1, hidden, d=hidden), torch.randn(num_experts, device=dev, generator=g)
     n = tokens[rank % len(tokens)]
     kw = dict(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, max_tokens=max(tokens), scoring=scoring,
-              norm_topk=norm, routed_scale=scale, score_bias=bias, shared_inter=shared_inter, shared_gate=gated)
+              norm_topk=norm, routed_scale=scale, score_bias=bias, shared_inter=shared_inter, shared_gate=gated,
+              n_group=n_group, topk_group=topk_group)
     mods = {b: WeaveMoE(**kw, backend=b) for b in ("kernel", "torch")}
     for m in mods.values():
         m.load_router(router, sbias if bias else None)
@@ -278,6 +281,24 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
     y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
     poisoned_run(f"{name:<34} WeaveMoE kernel backend", mods["kernel"].layer, lambda: y.copy_(mods["kernel"](x)), y, ref)
     check_all_ranks(f"{name:<34} WeaveMoE torch backend", rel_err(mods["torch"](x), ref))
+    if graph:
+        gm = WeaveMoE(**kw, backend="kernel", check=False)
+        gm.load_state_dict(mods["kernel"].state_dict())
+        x_s = torch.zeros_like(x)
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        dist.barrier()
+        with torch.cuda.graph(g):
+            y_s = gm(x_s)
+        for rep in range(2):
+            x2 = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed * 77 + rep * 5 + rank))
+            x_s.copy_(x2.to(torch.bfloat16))
+            ids2, tw2 = mods["kernel"].route(x_s)
+            scl2 = torch.sigmoid(x_s.float() @ sgate.float().t()).squeeze(1) if gated else None
+            ref2 = moe_reference(x_s, ids2, tw2, torch.cat([gate, up], 1), down, shared=(torch.cat([sg, su], 0), sd),
+                                 shared_scale=scl2)
+            poisoned_run(f"{name:<34} WeaveMoE graph replay {rep}", gm.layer,
+                         lambda: (g.replay(), torch.cuda.synchronize(), gm.raise_if_error()), y_s, ref2)
 
 
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
@@ -467,7 +488,7 @@ def main() -> int:
                 shared_inter=512, scoring="softmax", norm=True, scale=1.0, bias=False, gated=True, seed=40)
     module_case("WeaveMoE deepseek-v3-style", hidden=1024, inter=256, num_experts=16 * world, top_k=8,
                 tokens=[257, 400], shared_inter=256, scoring="sigmoid", norm=True, scale=2.5, bias=True, gated=False,
-                seed=41)
+                seed=41, n_group=8, topk_group=4, graph=True)
     cache: dict = {}
     # gate pre-activations of several hundred: silu's fast division at both ends (exp(-g) overflowing to inf
     # for g < -87 must give 0, not NaN; g > 88 must give g)
