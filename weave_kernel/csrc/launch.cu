@@ -56,7 +56,8 @@ extern "C" int weave_moe_max_ctas(int device) {
   int per_sm = 1 << 30, sms = 0;
   for (const bool shared : {false, true}) {
     const void* fn = kernel_for(shared);
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) != cudaSuccess)
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) !=
+        cudaSuccess)
       return -1;
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, weave::Config::kThreads, weave::Config::kSmemDynamic) !=

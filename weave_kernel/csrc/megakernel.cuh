@@ -10,7 +10,9 @@
 //                weave     : (c*, K*) from the cost table right after the count exchange (choice.cuh), identical
 //                            on every CTA below the table's max_comm_sms (the others skip it: they compute);
 //                            CTAs [0, c*) dispatch, then steal tiles from the same ticket
-//   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb
+//   reduce       all CTAs: wait for every owner's combine flag, y = sum_j w * comb (+ the shared expert's row)
+// A shared expert (p.inter_shared > 0, this rank's own tokens) is one more expert slot in the GEMM tickets; the kernel
+// is instantiated with and without its code (kShared; tasks.cuh).
 //
 // Cross-GPU flags hold the call's epoch (never reset; counted on the device, so CUDA-graph replays advance it);
 // on-chip counters are double-buffered by epoch parity and the idle parity is cleared at the start of the call.
@@ -156,8 +158,8 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
   return true;
 }
 
-// The GEMM phases of one CTA (the routed experts' tiles and the shared expert's), all through one run_tiles call site (one inlined copy of the tile code; a second
-// copy made ptxas spill).
+// The GEMM phases of one CTA (the routed experts' tiles and the shared expert's), all through one run_tiles call
+// site (one inlined copy of the tile code; a second copy made ptxas spill).
 //   static:C / weave: one phase. Tickets go expert by expert (so a weight tile is read from HBM once and reused
 //     from L2 by the expert's other row blocks); segment i holds the GEMM0 tiles of local expert i, then the GEMM1
 //     tiles of expert i - L, L chosen so that about one wave of GEMM0 tiles separates a block's GEMM0 from its

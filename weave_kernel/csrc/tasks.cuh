@@ -208,7 +208,8 @@ struct MoeTiles {
     }
     const int seg = find_segment(s.tk, num_seg, t);
     int off = t - s.tk[seg];
-    const int g0_tiles = with_g0 && seg < num_expert_slots(p, on) ? slot_gemm0_cols(p, on, seg) * slot_num_blocks(p, on, lv, seg) : 0;
+    const int g0_tiles =
+        with_g0 && seg < num_expert_slots(p, on) ? slot_gemm0_cols(p, on, seg) * slot_num_blocks(p, on, lv, seg) : 0;
     const bool g0 = off < g0_tiles;
     const int v = g0 ? seg : seg - L, nblk = slot_num_blocks(p, on, lv, v);
     if (!g0) off -= g0_tiles;
