@@ -178,3 +178,55 @@ def test_e2e_stack_runs_on_cpu_with_the_torch_backend():
     x = torch.randn(16, 256).to(torch.bfloat16)
     y, y_attn = layer(x), layer(x, with_moe=False)
     assert y.shape == x.shape and torch.isfinite(y.float()).all() and not torch.equal(y, y_attn)
+
+
+def _rank_forward(rank: int, world: int, port: int, queue) -> None:
+    """One rank of test_two_ranks_match_one_process (gloo on CPU): WeaveMoE's torch backend across the group."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        w = weights(5)
+        moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                       placement=round_robin(E, world), shared_inter=IS)
+        moe.load_router(w["router"])
+        moe.load_experts(w["gate"], w["up"], w["down"])
+        moe.load_shared(w["sg"], w["su"], w["sd"])
+        x = w["x"].reshape(-1, H)[[slice(0, 13), slice(13, 33)][rank]]  # ranks with different token counts
+        queue.put((rank, moe.local, moe(x).float().numpy()))
+        dist.barrier()  # the parent has read the results before any rank tears the group down
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_match_one_process():
+    """The multi-rank path of WeaveMoE (each rank keeps its placement's experts; tokens cross ranks by all-to-all)
+    gives every rank the rows one process with all experts computes."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_forward, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, (local, y)) for r, local, y in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert got[0][0] == [0, 2, 4, 6] and got[1][0] == [1, 3, 5, 7]  # round-robin: each rank its own experts
+    w = weights(5)
+    one = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                   shared_inter=IS)
+    one.load_router(w["router"])
+    one.load_experts(w["gate"], w["up"], w["down"])
+    one.load_shared(w["sg"], w["su"], w["sd"])
+    ref = one(w["x"].reshape(-1, H)).float()
+    assert rel(torch.from_numpy(got[0][1]), ref[:13]) < 1e-2 and rel(torch.from_numpy(got[1][1]), ref[13:]) < 1e-2
