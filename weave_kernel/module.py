@@ -17,7 +17,8 @@ Routing (what the common checkpoints do; `router=` takes any other function x [N
   form n_group equal groups, each group is scored by the sum of its two best picking scores ("sigmoid") or its best
   score ("softmax"), and the top-k is taken among the experts of the topk_group best groups only;
 - either way the weights are multiplied by routed_scale.
-The router runs in fp32. The shared expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gate
+The router runs in fp32 (router_dtype: the logits' dtype; HF Qwen / Mixtral compute them in the model's). The shared
+expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gate
 (Qwen-MoE), inside the kernel's reduction.
 
 backend="kernel" runs MoEMegakernel (CUDA, Hopper); backend="torch" runs weave_kernel.reference.ep_moe_reference (any
@@ -51,6 +52,7 @@ class WeaveMoE(torch.nn.Module):
                  group=None, device=None, backend: str = "kernel", policy: str = "weave", scoring: str = "softmax",
                  norm_topk: bool = True, routed_scale: float = 1.0, score_bias: bool = False,
                  router: Callable | None = None, n_group: int = 1, topk_group: int = 1,
+                 router_dtype: torch.dtype = torch.float32,
                  shared_inter: int = 0, shared_gate: bool = False,
                  shared_order: str = "last", check: bool = True, **kernel_kwargs):
         """placement: a weave_sim Placement (default contiguous over the group); check=False skips the kernel call's
@@ -88,7 +90,7 @@ class WeaveMoE(torch.nn.Module):
         self.shared_inter, self.shared_order = int(shared_inter), shared_order
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
-        self.n_group, self.topk_group = n_group, topk_group
+        self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
         dev = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
@@ -162,7 +164,8 @@ class WeaveMoE(torch.nn.Module):
         if self.custom_router is not None:
             ids, w = self.custom_router(x)
             return ids.to(torch.int32), w.float()
-        logits = x.float() @ self.router_weight.t()
+        rd = self.router_dtype
+        logits = (x.to(rd) @ self.router_weight.to(rd).t()).float()
         scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
         pick = scores if self.score_bias is None else scores + self.score_bias
         if self.n_group > 1:  # only the experts of the topk_group best groups may be picked

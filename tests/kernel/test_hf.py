@@ -1,0 +1,99 @@
+"""weave_kernel.hf against real transformers MoE blocks (tiny random configs, CPU, WeaveMoE's torch backend): each
+block's output, a whole model's logits after replace_moe_blocks, and refused blocks. Skipped where transformers is
+not installed (CI installs only what the tests extra lists)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from weave_kernel.hf import UnsupportedBlock, describe_block, from_hf_block, replace_moe_blocks  # noqa: E402
+from weave_kernel.module import WeaveMoE  # noqa: E402
+
+H = 64
+
+
+def _randomise(mod: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random weights of unit-scale activations (the blocks create theirs uninitialised), then bf16."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in mod.named_parameters():
+            fan_in = p.shape[-1]
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+        for name, b in mod.named_buffers():
+            if "correction_bias" in name:
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+    return mod.to(torch.bfloat16)
+
+
+def _blocks():
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    return {
+        "qwen3-moe": Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=64, num_experts=8,
+                                                           num_experts_per_tok=2, norm_topk_prob=True)),
+        "qwen2-moe (gated shared expert)": Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(
+            hidden_size=H, moe_intermediate_size=64, shared_expert_intermediate_size=128, num_experts=8,
+            num_experts_per_tok=2, norm_topk_prob=False)),
+        "mixtral": MixtralSparseMoeBlock(MixtralConfig(hidden_size=H, intermediate_size=128, num_local_experts=8,
+                                                       num_experts_per_tok=2)),
+        "deepseek-v3 (groups, bias, shared)": DeepseekV3MoE(DeepseekV3Config(
+            hidden_size=H, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=2, n_group=4, topk_group=2,
+            num_experts_per_tok=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+    }
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("name", list(_blocks()))
+def test_block_output_matches_transformers(name):
+    block = _randomise(_blocks()[name], seed=len(name))
+    x = torch.randn(2, 19, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)
+    moe = from_hf_block(block, max_tokens=64, backend="torch")
+    assert rel(moe(x), want) < 1e-2
+    d = describe_block(block)["kwargs"]
+    if name.startswith("deepseek"):
+        assert (d["scoring"], d["n_group"], d["topk_group"], d["routed_scale"], d["shared_inter"]) == \
+            ("sigmoid", 4, 2, 2.5, 128)
+    if name.startswith("qwen2"):
+        assert d["shared_gate"] and not d["norm_topk"]
+
+
+def test_whole_model_logits_after_replacing_the_blocks():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=97, hidden_size=H, intermediate_size=128, moe_intermediate_size=64, num_experts=8,
+                         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, norm_topk_prob=True)
+    torch.manual_seed(0)
+    model = _randomise(Qwen3MoeForCausalLM(cfg).eval(), seed=3)
+    ids = torch.randint(0, 97, (1, 23), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids).logits
+    assert replace_moe_blocks(model, max_tokens=64, backend="torch") == 2
+    assert sum(isinstance(m, WeaveMoE) for m in model.modules()) == 2
+    with torch.no_grad():
+        got = model(ids).logits
+    assert rel(got, want) < 3e-2
+
+
+def test_unsupported_blocks_are_refused():
+    block = _randomise(_blocks()["qwen3-moe"], seed=0)
+    block.experts.act_fn = torch.nn.GELU()
+    with pytest.raises(UnsupportedBlock, match="not SiLU"):
+        from_hf_block(block, max_tokens=8, backend="torch")
+    block = _randomise(_blocks()["qwen3-moe"], seed=0)
+    block.experts.gate_up_proj_bias = torch.nn.Parameter(torch.zeros(8, 128))
+    with pytest.raises(UnsupportedBlock, match="biases"):
+        from_hf_block(block, max_tokens=8, backend="torch")
+    with pytest.raises(UnsupportedBlock, match="no gate"):
+        describe_block(torch.nn.Linear(4, 4))
