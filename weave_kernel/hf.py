@@ -6,10 +6,9 @@
     moe = from_hf_block(model.model.layers[3].mlp, max_tokens=8192, backend="torch")
 
 A block qualifies when it has
-- `gate`: a top-k router with `weight` [E, H] and `top_k` (Mixtral, Qwen2/3-MoE, Qwen3-Next, Qwen3.5-MoE, OLMoE,
-  DeepSeek-V3 and the like); with `e_score_correction_bias` it is DeepSeek-V3's sigmoid router (n_group /
-  topk_group / routed_scaling_factor / norm_topk_prob read from it), else a softmax router (norm_topk_prob read from
-  it; Mixtral's, which has none, always renormalises);
+- `gate`: one of the routers in ROUTERS (Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE, OLMoE, DeepSeek-V2,
+  DeepSeek-V3, GLM-4-MoE), whose rule (softmax or sigmoid scores, renormalised or not, scaled, group-limited, with a
+  correction bias) WeaveMoE reproduces; its settings (top_k, norm_topk_prob, n_group, ...) are read from it;
 - `experts` with `gate_up_proj` [E, 2I, H] (gate rows first) and `down_proj` [E, H, I], SiLU activation, no biases;
 - optionally `shared_experts` (DeepSeek) or `shared_expert` (Qwen) with gate_proj / up_proj / down_proj Linears
   without bias, and `shared_expert_gate` (a Linear H -> 1: the shared row weighted by its sigmoid).
@@ -26,6 +25,27 @@ from .module import WeaveMoE
 
 class UnsupportedBlock(ValueError):
     """The module is not an MoE block WeaveMoE computes exactly."""
+
+
+# The routers whose rule WeaveMoE reproduces, read from their code in transformers 5.24: scoring, whether the top-k
+# weights are renormalised ("attr": the router's norm_topk_prob), routed_scaling_factor applied, group-limited top-k
+# (True: num_group / topk_group; "topk_method": DeepSeek-V2's greedy or group_limited_greedy), the correction bias,
+# and logits in fp32 (else in the router weight's dtype).
+def _rule(scoring, norm, scale=False, groups=False, bias=False, fp32=False) -> dict:
+    return dict(scoring=scoring, norm=norm, scale=scale, groups=groups, bias=bias, fp32=fp32)
+
+
+ROUTERS = {
+    "MixtralTopKRouter": _rule("softmax", True),
+    "Qwen2MoeTopKRouter": _rule("softmax", "attr"),
+    "Qwen3MoeTopKRouter": _rule("softmax", "attr"),
+    "Qwen3NextTopKRouter": _rule("softmax", "attr"),
+    "Qwen3_5MoeTopKRouter": _rule("softmax", True),
+    "OlmoeTopKRouter": _rule("softmax", "attr"),
+    "DeepseekV2TopkRouter": _rule("softmax", False, scale=True, groups="topk_method", fp32=True),
+    "DeepseekV3TopkRouter": _rule("sigmoid", "attr", scale=True, groups=True, bias=True, fp32=True),
+    "Glm4MoeTopkRouter": _rule("sigmoid", "attr", scale=True, groups=True, bias=True, fp32=True),
+}
 
 
 def _linear_weight(mod, name: str, block) -> torch.Tensor:
@@ -60,19 +80,29 @@ def describe_block(block) -> dict:
     if tuple(down.shape) != (E, H, I) or tuple(gate.weight.shape) != (E, H):
         raise UnsupportedBlock(f"{name}: expert shapes {tuple(gu.shape)} / {tuple(down.shape)} and router "
                                f"{tuple(gate.weight.shape)} do not form one SwiGLU MoE")
-    top_k = getattr(gate, "top_k", None) or getattr(block, "top_k", None)
+    rule = ROUTERS.get(type(gate).__name__)
+    if rule is None:
+        raise UnsupportedBlock(f"{name}: router {type(gate).__name__} is not one weave_kernel.hf knows "
+                               f"({', '.join(sorted(ROUTERS))}); give WeaveMoE its rule with router=")
+    top_k = getattr(gate, "top_k", None)
     if not top_k:
         raise UnsupportedBlock(f"{name}: the router does not say its top_k")
-    kw = dict(hidden=H, inter=I, num_experts=E, top_k=int(top_k))
-    bias = getattr(gate, "e_score_correction_bias", None)
-    if bias is not None:  # DeepSeek-V3's router
-        kw.update(scoring="sigmoid", score_bias=True, norm_topk=bool(getattr(gate, "norm_topk_prob", True)),
-                  routed_scale=float(getattr(gate, "routed_scaling_factor", 1.0)),
-                  n_group=int(getattr(gate, "num_group", 1) or 1), topk_group=int(getattr(gate, "topk_group", 1) or 1),
-                  router_dtype=torch.float32)
-    else:
-        kw.update(scoring="softmax", norm_topk=bool(getattr(gate, "norm_topk_prob", True)),
-                  router_dtype=gate.weight.dtype)
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=int(top_k), scoring=rule["scoring"],
+              norm_topk=bool(getattr(gate, "norm_topk_prob")) if rule["norm"] == "attr" else rule["norm"],
+              routed_scale=float(getattr(gate, "routed_scaling_factor", 1.0)) if rule["scale"] else 1.0,
+              router_dtype=torch.float32 if rule["fp32"] else gate.weight.dtype)
+    groups = rule["groups"]
+    if groups == "topk_method":  # DeepSeek-V2: greedy, or group-limited greedy
+        method = getattr(gate, "topk_method", None)
+        if method not in ("greedy", "group_limited_greedy"):
+            raise UnsupportedBlock(f"{name}: topk_method {method!r}")
+        groups = method == "group_limited_greedy"
+    if groups:
+        kw.update(n_group=int(gate.num_group), topk_group=int(gate.topk_group))
+    bias = None
+    if rule["bias"]:
+        bias = gate.e_score_correction_bias
+        kw["score_bias"] = True
     weights = {"router": gate.weight, "score_bias": bias, "gate_up": gu, "down": down}
     shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
     if shared is not None:

@@ -28,8 +28,13 @@ def _randomise(mod: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def _blocks():
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import (DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, MixtralConfig, OlmoeConfig,
+                              Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig)
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
+    from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -45,6 +50,20 @@ def _blocks():
         "deepseek-v3 (groups, bias, shared)": DeepseekV3MoE(DeepseekV3Config(
             hidden_size=H, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=2, n_group=4, topk_group=2,
             num_experts_per_tok=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+        "deepseek-v2 (group-limited greedy)": DeepseekV2Moe(DeepseekV2Config(
+            hidden_size=H, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+            topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5)),
+        "deepseek-v2 (greedy)": DeepseekV2Moe(DeepseekV2Config(
+            hidden_size=H, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3,
+            topk_method="greedy", routed_scaling_factor=1.0)),
+        "glm4-moe": Glm4MoeMoE(Glm4MoeConfig(hidden_size=H, moe_intermediate_size=64, n_routed_experts=8,
+                                             n_shared_experts=1, n_group=4, topk_group=2, num_experts_per_tok=2,
+                                             routed_scaling_factor=2.0)),
+        "olmoe": OlmoeSparseMoeBlock(OlmoeConfig(hidden_size=H, intermediate_size=64, num_experts=8,
+                                                 num_experts_per_tok=2, norm_topk_prob=False)),
+        "qwen3.5-moe (gated shared expert)": Qwen3_5MoeSparseMoeBlock(Qwen3_5MoeConfig(text_config=dict(
+            hidden_size=H, moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8,
+            num_experts_per_tok=2)).text_config),
     }
 
 
@@ -61,11 +80,13 @@ def test_block_output_matches_transformers(name):
     moe = from_hf_block(block, max_tokens=64, backend="torch")
     assert rel(moe(x), want) < 1e-2
     d = describe_block(block)["kwargs"]
-    if name.startswith("deepseek"):
+    if name.startswith("deepseek-v3"):
         assert (d["scoring"], d["n_group"], d["topk_group"], d["routed_scale"], d["shared_inter"]) == \
             ("sigmoid", 4, 2, 2.5, 128)
     if name.startswith("qwen2"):
         assert d["shared_gate"] and not d["norm_topk"]
+    if name.startswith("deepseek-v2"):  # softmax, never renormalised, scaled; groups only when group-limited
+        assert (d["scoring"], d["norm_topk"], d.get("n_group", 1)) == ("softmax", False, 4 if "group" in name else 1)
 
 
 def test_whole_model_logits_after_replacing_the_blocks():
@@ -97,3 +118,13 @@ def test_unsupported_blocks_are_refused():
         from_hf_block(block, max_tokens=8, backend="torch")
     with pytest.raises(UnsupportedBlock, match="no gate"):
         describe_block(torch.nn.Linear(4, 4))
+    block = _randomise(_blocks()["qwen3-moe"], seed=0)
+
+    class SomeOtherRouter(torch.nn.Module):  # a router whose rule hf.py has not read: refused, not guessed
+        def __init__(self, w):
+            super().__init__()
+            self.weight, self.top_k = w, 2
+
+    block.gate = SomeOtherRouter(block.gate.weight)
+    with pytest.raises(UnsupportedBlock, match="router SomeOtherRouter is not one"):
+        from_hf_block(block, max_tokens=8, backend="torch")
