@@ -72,13 +72,7 @@ def poisoned_run(label: str, layer, call, out: torch.Tensor, ref: torch.Tensor) 
         err = float("inf")
         traceback.print_exc()
         print(f"rank {dist.get_rank()}: {' '.join(label.split())}: {exc}", flush=True)
-    errs = [None] * dist.get_world_size()
-    dist.all_gather_object(errs, err)
-    ok = all(e <= TOL for e in errs)
-    log(f"{'PASS' if ok else 'FAIL'} {label} rel_err {' '.join(f'{e:.2e}' for e in errs)}")
-    if not ok:
-        FAILURES.append(" ".join(label.split()))
-    return ok
+    return check_all_ranks(label, err)
 
 
 def check_all_ranks(label: str, err: float) -> bool:
