@@ -169,7 +169,7 @@ class WeaveMoE(torch.nn.Module):
         scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
         pick = scores if self.score_bias is None else scores + self.score_bias
         if self.n_group > 1:  # only the experts of the topk_group best groups may be picked
-            grouped = pick.view(pick.shape[0], self.n_group, -1)
+            grouped = pick.view(pick.shape[0], self.n_group, self.num_experts // self.n_group)  # (0 rows too)
             group_score = (grouped.topk(2, dim=-1).values.sum(-1) if self.scoring == "sigmoid" and grouped.shape[-1] > 1
                            else grouped.max(dim=-1).values)
             keep = torch.zeros_like(group_score, dtype=torch.bool)

@@ -142,7 +142,7 @@ def ep_moe_reference(
         back = out
     per_pair = torch.empty_like(back)
     per_pair[order] = back
-    y = (per_pair.view(n, k, -1).float() * topk_weights.float().unsqueeze(-1)).sum(1)
+    y = (per_pair.view(n, k, x.shape[1]).float() * topk_weights.float().unsqueeze(-1)).sum(1)
     if shared is not None:
         ys = shared_ffn(x, shared[0], shared[1]).float()
         y += ys if shared_scale is None else ys * shared_scale.float()[:, None]

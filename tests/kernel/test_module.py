@@ -180,7 +180,7 @@ def test_e2e_stack_runs_on_cpu_with_the_torch_backend():
     assert y.shape == x.shape and torch.isfinite(y.float()).all() and not torch.equal(y, y_attn)
 
 
-def _rank_forward(rank: int, world: int, port: int, queue) -> None:
+def _rank_forward(rank: int, world: int, port: int, queue, cut: int = 13) -> None:
     """One rank of test_two_ranks_match_one_process (gloo on CPU): WeaveMoE's torch backend across the group."""
     import os
 
@@ -195,14 +195,15 @@ def _rank_forward(rank: int, world: int, port: int, queue) -> None:
         moe.load_router(w["router"])
         moe.load_experts(w["gate"], w["up"], w["down"])
         moe.load_shared(w["sg"], w["su"], w["sd"])
-        x = w["x"].reshape(-1, H)[[slice(0, 13), slice(13, 33)][rank]]  # ranks with different token counts
+        x = w["x"].reshape(-1, H)[[slice(0, cut), slice(cut, 33)][rank]]  # ranks with different token counts
         queue.put((rank, moe.local, moe(x).float().numpy()))
         dist.barrier()  # the parent has read the results before any rank tears the group down
     finally:
         dist.destroy_process_group()
 
 
-def test_two_ranks_match_one_process():
+@pytest.mark.parametrize("cut", [13, 0])  # 0: rank 0 has no tokens and still takes part in the exchanges
+def test_two_ranks_match_one_process(cut):
     """The multi-rank path of WeaveMoE (each rank keeps its placement's experts; tokens cross ranks by all-to-all)
     gives every rank the rows one process with all experts computes."""
     import socket
@@ -214,7 +215,7 @@ def test_two_ranks_match_one_process():
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_forward, args=(r, 2, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_forward, args=(r, 2, port, queue, cut)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict((r, (local, y)) for r, local, y in (queue.get(timeout=120) for _ in procs))
@@ -229,4 +230,20 @@ def test_two_ranks_match_one_process():
     one.load_experts(w["gate"], w["up"], w["down"])
     one.load_shared(w["sg"], w["su"], w["sd"])
     ref = one(w["x"].reshape(-1, H)).float()
-    assert rel(torch.from_numpy(got[0][1]), ref[:13]) < 1e-2 and rel(torch.from_numpy(got[1][1]), ref[13:]) < 1e-2
+    assert got[0][1].shape == (cut, H) and rel(torch.from_numpy(got[1][1]), ref[cut:]) < 1e-2
+    if cut:
+        assert rel(torch.from_numpy(got[0][1]), ref[:cut]) < 1e-2
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_group=4, topk_group=2),
+                                dict(scoring="sigmoid", score_bias=True, n_group=4, topk_group=2),
+                                dict(shared_inter=IS, shared_gate=True)])
+def test_zero_tokens(kw):
+    """A rank (or a batch) without tokens: empty routing and an empty output of the input's shape, every router
+    style (group-limited routing used to fail reshaping its 0 rows into groups, the reference its 0 pairs)."""
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu", **kw)
+    ids, tw = moe.route(torch.zeros(0, H, dtype=torch.bfloat16))
+    assert ids.shape == tw.shape == (0, K)
+    for shape in ((0, H), (2, 0, H)):
+        y = moe(torch.zeros(shape, dtype=torch.bfloat16))
+        assert y.shape == shape and y.dtype == torch.bfloat16
