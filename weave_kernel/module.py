@@ -161,9 +161,12 @@ class WeaveMoE(torch.nn.Module):
     # ---- forward ------------------------------------------------------------------------------------------
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids [N, k] int32, topk_weights [N, k] fp32) for the rows of x [N, H]."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"route() takes x [num_tokens, {self.hidden}] (flatten with x.reshape(-1, {self.hidden})), "
+                             f"got {got}")
         if self.custom_router is not None:
-            ids, w = self.custom_router(x)
-            return ids.to(torch.int32), w.float()
+            return self._check_routing(self.custom_router(x), x.shape[0])
         rd = self.router_dtype
         logits = (x.to(rd) @ self.router_weight.to(rd).t()).float()
         scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
@@ -181,10 +184,29 @@ class WeaveMoE(torch.nn.Module):
             w = w / w.sum(dim=-1, keepdim=True).clamp_min(1e-20)
         return ids.to(torch.int32), (w * self.routed_scale).float().contiguous()
 
+    def _check_routing(self, out, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A custom router's (ids, weights): integer ids and float weights, both [n, top_k] (shapes only: the ids'
+        range is checked by the call, as the kernel's check=True does, without a host sync here)."""
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"router= must return (topk_ids, topk_weights), got {type(out).__name__}")
+        ids, w = out
+        want = [n, self.top_k]
+        for name, t, is_float in (("topk_ids", ids, False), ("topk_weights", w, True)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"router= returned {name} of type {type(t).__name__}, not a tensor")
+            if list(t.shape) != want:
+                raise ValueError(f"router= returned {name} of shape {list(t.shape)}; this block needs {want} "
+                                 f"(num_tokens x top_k)")
+            if t.is_floating_point() != is_float or t.is_complex() or t.dtype == torch.bool:
+                raise TypeError(f"router= returned {name} of dtype {t.dtype}; it must be "
+                                f"{'a floating point' if is_float else 'an integer'} tensor")
+        return ids.to(torch.int32).contiguous(), w.float().contiguous()
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.hidden:
-            raise ValueError(f"x must end in the hidden size {self.hidden}, got shape {list(x.shape)}")
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.hidden:
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must end in the hidden size {self.hidden}, got shape {got}")
         if x.dtype != torch.bfloat16:
             raise TypeError(f"x must be bf16 (the kernel's dtype), got {x.dtype}")
         flat = x.reshape(-1, self.hidden).contiguous()

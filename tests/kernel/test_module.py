@@ -247,3 +247,45 @@ def test_zero_tokens(kw):
     for shape in ((0, H), (2, 0, H)):
         y = moe(torch.zeros(shape, dtype=torch.bfloat16))
         assert y.shape == shape and y.dtype == torch.bfloat16
+
+
+def test_route_takes_rows_only():
+    """route() reads x as [N, H]: a 3-D batch used to come back with the right ids and wrong weights (the gather ran
+    along the sequence axis); now it, a 1-D row and a wrong width are refused, and forward() still takes [..., H]."""
+    w = weights(6)
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu")
+    moe.load_router(w["router"])
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    x = w["x"][:2, :10]  # [2, 10, H]: 10 >= E, so the old gather along dim 1 did not fail
+    for bad in (x, x[0, 0], x[0][:, :32], x[0].float().numpy()):
+        with pytest.raises(ValueError, match="route\\(\\) takes x"):
+            moe.route(bad)
+    ids, tw = moe.route(x.reshape(-1, H))
+    assert ids.shape == tw.shape == (20, K)
+    assert torch.equal(moe(x).reshape(-1, H), moe(x.reshape(-1, H)))
+    with pytest.raises(ValueError, match="hidden size"):
+        moe(torch.tensor(1.0, dtype=torch.bfloat16))  # 0-D: an IndexError before
+
+
+@pytest.mark.parametrize("out,err,match", [
+    (lambda n: (torch.zeros(n, K + 1, dtype=torch.int64), torch.ones(n, K + 1)), ValueError, "topk_ids of shape"),
+    (lambda n: (torch.zeros(1, K, dtype=torch.int64), torch.ones(1, K)), ValueError, "topk_ids of shape"),
+    (lambda n: (torch.zeros(n, K, dtype=torch.int64), torch.ones(n)), ValueError, "topk_weights of shape"),
+    (lambda n: (torch.zeros(n, K) + 0.7, torch.ones(n, K)), TypeError, "topk_ids of dtype"),  # was truncated to 0
+    (lambda n: (torch.zeros(n, K, dtype=torch.int64), torch.ones(n, K, dtype=torch.int64)), TypeError, "topk_weights of dtype"),
+    (lambda n: torch.zeros(n, K, dtype=torch.int64), TypeError, "must return"),
+    (lambda n: ([[0, 1]] * n, torch.ones(n, K)), TypeError, "not a tensor"),
+])
+def test_custom_router_output_is_checked(out, err, match):
+    """What router= returns must be what the kernel reads: [N, k] integer ids and [N, k] float weights; anything else
+    is refused by name instead of being cast or failing deep in the reference."""
+    w = weights(2)
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                   router=lambda x: out(x.shape[0]))
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    with pytest.raises(err, match=match):
+        moe(w["x"][0])
+    ok = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch", device="cpu",
+                  router=lambda x: (torch.arange(K).expand(x.shape[0], K), torch.full((K, x.shape[0]), 0.5).t()))
+    ids, tw = ok.route(w["x"][0].reshape(-1, H))  # non-contiguous outputs come back contiguous, as the kernel needs
+    assert ids.is_contiguous() and tw.is_contiguous() and ids.dtype == torch.int32 and tw.dtype == torch.float32
