@@ -22,7 +22,9 @@ expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gat
 (Qwen-MoE), inside the kernel's reduction.
 
 backend="kernel" runs MoEMegakernel (CUDA, Hopper); backend="torch" runs weave_kernel.reference.ep_moe_reference (any
-device; the all-to-all baseline), so model code can be written and tested without the kernel.
+device; the all-to-all baseline), so model code can be written and tested without the kernel. The torch backend
+checks each call as the kernel does (at most max_tokens rows, expert ids in [0, E) when check=True, x on the
+weights' device).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .reference import ep_moe_reference
+from .validate import check_layer_inputs
 
 SCORINGS = ("softmax", "sigmoid")
 BACKENDS = ("kernel", "torch")
@@ -76,6 +79,8 @@ class WeaveMoE(torch.nn.Module):
         if n_group > 1 and top_k > topk_group * (num_experts // n_group):
             raise ValueError(f"top_k {top_k} exceeds the {topk_group} x {num_experts // n_group} experts of the groups "
                              f"it may pick from")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if shared_gate and shared_inter <= 0:
             raise ValueError("shared_gate needs a shared expert (shared_inter > 0)")
         distributed = dist.is_available() and dist.is_initialized()
@@ -87,6 +92,7 @@ class WeaveMoE(torch.nn.Module):
             raise ValueError(f"placement of {self.placement.num_experts} experts over {self.placement.num_gpus} GPUs; "
                              f"this block has {num_experts} experts over {self.world} ranks")
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
+        self.max_tokens = max_tokens
         self.shared_inter, self.shared_order = int(shared_inter), shared_order
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
@@ -217,7 +223,10 @@ class WeaveMoE(torch.nn.Module):
         if self.backend == "kernel":
             y = self.layer(flat, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
                            shared_order=self.shared_order, shared_scale=scale, check=self.check)
-        else:
+        else:  # the kernel's per-call contract, so code tested here runs on the kernel backend unchanged
+            check_layer_inputs(flat, ids, w, self.w13, self.w2, hidden=self.hidden, inter=self.inter,
+                               num_experts=self.num_experts, num_local_experts=len(self.local), top_k=self.top_k,
+                               max_tokens=self.max_tokens, device=self.w13.device, check_ids=self.check)
             y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
                                  shared=shared, shared_scale=scale)
         return y.reshape(x.shape)

@@ -289,3 +289,26 @@ def test_custom_router_output_is_checked(out, err, match):
                   router=lambda x: (torch.arange(K).expand(x.shape[0], K), torch.full((K, x.shape[0]), 0.5).t()))
     ids, tw = ok.route(w["x"][0].reshape(-1, H))  # non-contiguous outputs come back contiguous, as the kernel needs
     assert ids.is_contiguous() and tw.is_contiguous() and ids.dtype == torch.int32 and tw.dtype == torch.float32
+
+
+def test_torch_backend_checks_calls_as_the_kernel_does():
+    """The torch backend used to run what the kernel refuses: more rows than max_tokens, expert ids outside [0, E)
+    from router= (negative ids silently indexed from the end), x on another device. It now raises as the kernel's
+    call does, so model code tested on CPU runs unchanged on the kernel backend."""
+    w = weights(7)
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, backend="torch", device="cpu")
+    moe = WeaveMoE(**kw, max_tokens=16)
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    moe(w["x"][0])  # 11 rows: fine
+    with pytest.raises(ValueError, match="33 tokens exceed the 16"):
+        moe(w["x"])
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        WeaveMoE(**kw, max_tokens=0)
+    for bad_id in (-1, E):
+        routed = WeaveMoE(**kw, max_tokens=16, router=lambda x, b=bad_id: (torch.full((x.shape[0], K), b),
+                                                                            torch.ones(x.shape[0], K)))
+        routed.load_experts(w["gate"], w["up"], w["down"])
+        with pytest.raises(ValueError, match=f"expert id {bad_id}, outside \\[0, {E}\\)"):
+            routed(w["x"][0])
+    with pytest.raises(ValueError, match="x is on meta, the layer runs on cpu"):
+        moe(torch.empty(3, H, dtype=torch.bfloat16, device="meta"))
