@@ -99,6 +99,10 @@ class WeaveMoE(torch.nn.Module):
         self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
         dev = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        if backend == "kernel" and (dev.type != "cuda" or not torch.cuda.is_available()):
+            raise RuntimeError(f"backend='kernel' runs the CUDA megakernel (Hopper GPUs) and needs a CUDA device, not "
+                               f"{dev}{'' if torch.cuda.is_available() else ' (this torch sees no GPU)'}; "
+                               f"backend='torch' runs the same block on any device")
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
         e_loc = len(self.local)
         bf = dict(dtype=torch.bfloat16, device=dev)

@@ -312,3 +312,13 @@ def test_torch_backend_checks_calls_as_the_kernel_does():
             routed(w["x"][0])
     with pytest.raises(ValueError, match="x is on meta, the layer runs on cpu"):
         moe(torch.empty(3, H, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU says")
+def test_kernel_backend_without_a_gpu_says_so():
+    """backend="kernel" (the default) on a machine without CUDA used to try to build the extension and fail on
+    CUDA_HOME or a missing .so; it now says what it needs and what runs instead."""
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8)
+    for extra in (dict(), dict(device="cpu"), dict(device="cuda")):
+        with pytest.raises(RuntimeError, match="needs a CUDA device.*backend='torch'"):
+            WeaveMoE(**kw, **extra)
