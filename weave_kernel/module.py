@@ -28,6 +28,9 @@ weights' device).
 """
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -61,12 +64,41 @@ class WeaveMoE(torch.nn.Module):
         """placement: a weave_sim Placement (default contiguous over the group); check=False skips the kernel call's
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
         raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
-        dispatch, num_ctas, ...)."""
+        dispatch, num_ctas, ...; checked by name on either backend, used by the kernel's). policy and shared_order
+        are checked on either backend too; router= replaces the built-in rule (scoring, norm_topk, routed_scale,
+        score_bias, n_group, topk_group and router_dtype are then unused)."""
         super().__init__()
         import torch.distributed as dist
 
         from weave_sim.placement import contiguous
 
+        from .megakernel import SHARED_ORDERS, MoEMegakernel
+        from .policies import parse_policy
+
+        for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),
+                            ("top_k", top_k, 1), ("max_tokens", max_tokens, 1), ("shared_inter", shared_inter, 0),
+                            ("n_group", n_group, 1), ("topk_group", topk_group, 1)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {v!r}")
+            if v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}")
+        hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group = (
+            int(v) for v in (hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group))
+        kernel_args = set(inspect.signature(MoEMegakernel.__init__).parameters) - {
+            "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device",
+            "shared_inter"}
+        unknown = sorted(set(kernel_kwargs) - kernel_args)
+        if unknown:
+            raise TypeError(f"WeaveMoE got unexpected keyword arguments {unknown}; besides its own it takes "
+                            f"MoEMegakernel's {sorted(kernel_args)}")
+        if shared_order not in SHARED_ORDERS:
+            raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
+        parse_policy(policy, 1 << 30)  # its syntax here; its C against the grid once the kernel layer exists
+        if not isinstance(router_dtype, torch.dtype) or not router_dtype.is_floating_point:
+            raise TypeError(f"router_dtype must be a floating point torch.dtype (torch.float32, torch.bfloat16, ...), "
+                            f"got {router_dtype!r}")
+        if not math.isfinite(float(routed_scale)):
+            raise ValueError(f"routed_scale must be finite, got {routed_scale}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if scoring not in SCORINGS:
@@ -79,8 +111,6 @@ class WeaveMoE(torch.nn.Module):
         if n_group > 1 and top_k > topk_group * (num_experts // n_group):
             raise ValueError(f"top_k {top_k} exceeds the {topk_group} x {num_experts // n_group} experts of the groups "
                              f"it may pick from")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if shared_gate and shared_inter <= 0:
             raise ValueError("shared_gate needs a shared expert (shared_inter > 0)")
         distributed = dist.is_available() and dist.is_initialized()
@@ -121,11 +151,10 @@ class WeaveMoE(torch.nn.Module):
                 self.shared_gate = torch.nn.Parameter(torch.zeros(1, hidden, dtype=torch.float32, device=dev), **frozen)
         self.layer = None
         if backend == "kernel":
-            from .megakernel import MoEMegakernel
-
             self.layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                        placement=self.placement, max_tokens=max_tokens, group=group, device=dev,
                                        shared_inter=shared_inter, **kernel_kwargs)
+            parse_policy(policy, self.layer.num_ctas)
         self._owner = torch.as_tensor(self.placement.owner)
         self._local_index = torch.as_tensor(self.placement.local_index())
 

@@ -322,3 +322,40 @@ def test_kernel_backend_without_a_gpu_says_so():
     for extra in (dict(), dict(device="cpu"), dict(device="cuda")):
         with pytest.raises(RuntimeError, match="needs a CUDA device.*backend='torch'"):
             WeaveMoE(**kw, **extra)
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (dict(shared_inter=64, shared_order="bogus"), ValueError, "shared_order must be one of"),  # kernel-only check before
+    (dict(policy="waeve"), ValueError, "unknown policy"),
+    (dict(policy="static:x"), ValueError, "integer C"),
+    (dict(timout_s=3), TypeError, "unexpected keyword arguments \\['timout_s'\\]"),  # a typo, ignored before
+    (dict(router_dtype=torch.int32), TypeError, "router_dtype"),   # integer logits, silently, before
+    (dict(router_dtype="bfloat16"), TypeError, "router_dtype"),    # 'Invalid device string' before
+    (dict(routed_scale=float("nan")), ValueError, "routed_scale must be finite"),
+    (dict(top_k=2.0), TypeError, "top_k must be an integer"),
+    (dict(hidden=0), ValueError, "hidden must be >= 1"),
+    (dict(inter=-3), ValueError, "inter must be >= 1"),
+    (dict(shared_inter=-5), ValueError, "shared_inter must be >= 0"),
+    (dict(max_tokens=-1), ValueError, "max_tokens must be >= 1"),
+])
+def test_inconsistent_options_are_refused(bad, err, match):
+    """Options the torch backend used to accept and ignore (or fail on with another library's message)."""
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu")
+    with pytest.raises(err, match=match):
+        WeaveMoE(**{**kw, **bad})
+
+
+def test_legal_odd_options_still_run():
+    """The kernel's own options pass through the torch backend (a model built for one backend runs on the other);
+    top_k = num_experts, numpy integers and a bf16 router are fine."""
+    import numpy as np
+
+    w = weights(8)
+    moe = WeaveMoE(hidden=np.int64(H), inter=I, num_experts=E, top_k=E, max_tokens=64, backend="torch", device="cpu",
+                   timeout_s=3.0, dispatch="bulk", policy="static:20", router_dtype=torch.bfloat16, shared_order="first")
+    moe.load_router(w["router"])
+    moe.load_experts(w["gate"], w["up"], w["down"])
+    ids, tw = moe.route(w["x"][0])
+    assert sorted(ids[0].tolist()) == list(range(E)) and torch.allclose(tw.sum(-1), torch.ones(11))
+    ref = hf_block(w["x"][0], w["router"], w["gate"], w["up"], w["down"], k=E, scoring="softmax", norm=True)
+    assert rel(moe(w["x"][0]), ref) < 1e-2
