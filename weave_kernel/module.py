@@ -44,11 +44,16 @@ BACKENDS = ("kernel", "torch")
 
 def _stack(t, name: str, shape: tuple) -> torch.Tensor:
     """A list of E per-expert tensors or one stacked tensor -> [E, ...] with the given trailing shape."""
-    out = torch.stack(list(t)) if isinstance(t, (list, tuple)) else t
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{name} must be {list(shape)} (or a list of {shape[0]} tensors {list(shape[1:])}), got {got}")
-    return out
+    want = f"{name} must be {list(shape)}" + (f" (or a list of {shape[0]} tensors {list(shape[1:])})"
+                                              if len(shape) > 1 else "")
+    if isinstance(t, (list, tuple)):
+        got = [tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__ for e in t]
+        if len(t) != shape[0] or any(g != tuple(shape[1:]) for g in got):
+            raise ValueError(f"{want}, got a list of {len(t)}: {sorted(set(got), key=str)}")
+        return torch.stack(list(t))
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+        raise ValueError(f"{want}, got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    return t
 
 
 class WeaveMoE(torch.nn.Module):
@@ -162,11 +167,13 @@ class WeaveMoE(torch.nn.Module):
     @torch.no_grad()
     def load_router(self, weight: torch.Tensor, score_bias: torch.Tensor | None = None) -> None:
         """weight [E, H] (any float dtype); score_bias [E] (scoring "sigmoid" with score_bias=True)."""
-        self.router_weight.copy_(_stack(weight, "router weight", (self.num_experts, self.hidden)).float())
-        if score_bias is not None:
-            if self.score_bias is None:
-                raise ValueError("score_bias given, but the block was built with score_bias=False")
-            self.score_bias.copy_(_stack(score_bias, "score_bias", (self.num_experts,)).float())
+        if score_bias is not None and self.score_bias is None:
+            raise ValueError("score_bias given, but the block was built with score_bias=False")
+        w = _stack(weight, "router weight", (self.num_experts, self.hidden))  # both checked before either is copied
+        b = _stack(score_bias, "score_bias", (self.num_experts,)) if score_bias is not None else None
+        self.router_weight.copy_(w.float())
+        if b is not None:
+            self.score_bias.copy_(b.float())
 
     @torch.no_grad()
     def load_experts(self, gate_proj, up_proj, down_proj) -> None:
@@ -187,15 +194,17 @@ class WeaveMoE(torch.nn.Module):
         shared_expert_gate)."""
         if self.w13s is None:
             raise ValueError("this block was built without a shared expert (shared_inter=0)")
-        H, Is = self.hidden, self.shared_inter
-        g = _stack(gate_proj, "shared gate_proj", (Is, H))
-        u = _stack(up_proj, "shared up_proj", (Is, H))
-        self.w13s.copy_(torch.cat([g, u], dim=0))
-        self.w2s.copy_(_stack(down_proj, "shared down_proj", (H, Is)))
         if (gate_weight is None) != (self.shared_gate is None):
             raise ValueError("gate_weight goes with shared_gate=True, and only with it")
-        if gate_weight is not None:
-            self.shared_gate.copy_(_stack(gate_weight, "shared gate_weight", (1, H)).float())
+        H, Is = self.hidden, self.shared_inter
+        g = _stack(gate_proj, "shared gate_proj", (Is, H))  # every argument checked before anything is copied
+        u = _stack(up_proj, "shared up_proj", (Is, H))
+        d = _stack(down_proj, "shared down_proj", (H, Is))
+        gw = _stack(gate_weight, "shared gate_weight", (1, H)) if gate_weight is not None else None
+        self.w13s.copy_(torch.cat([g, u], dim=0))
+        self.w2s.copy_(d)
+        if gw is not None:
+            self.shared_gate.copy_(gw.float())
 
     # ---- forward ------------------------------------------------------------------------------------------
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

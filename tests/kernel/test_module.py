@@ -359,3 +359,29 @@ def test_legal_odd_options_still_run():
     assert sorted(ids[0].tolist()) == list(range(E)) and torch.allclose(tw.sum(-1), torch.ones(11))
     ref = hf_block(w["x"][0], w["router"], w["gate"], w["up"], w["down"], k=E, scoring="softmax", norm=True)
     assert rel(moe(w["x"][0]), ref) < 1e-2
+
+
+def test_failed_loads_change_nothing():
+    """A load that raises leaves the block's weights as they were (load_shared used to copy gate/up/down and then
+    refuse a missing gate_weight; load_router copied the weight before refusing the bias); a list of experts of
+    the wrong shapes is refused by name, not by torch.stack."""
+    w = weights(9)
+    moe = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu",
+                   shared_inter=IS, shared_gate=True)
+    before = {k: v.clone() for k, v in moe.state_dict().items()}
+    with pytest.raises(ValueError, match="gate_weight goes with"):
+        moe.load_shared(w["sg"], w["su"], w["sd"])
+    with pytest.raises(ValueError, match="shared down_proj must be"):
+        moe.load_shared(w["sg"], w["su"], w["sd"][:, :64], w["sgate"])
+    with pytest.raises(ValueError, match="score_bias given"):
+        moe.load_router(w["router"], w["bias"])
+    with pytest.raises(ValueError, match=r"gate_proj must be .* got a list of 8: \[\(128, 64\), \(128, 65\)\]"):
+        moe.load_experts(list(w["gate"][:7]) + [torch.zeros(I, H + 1)], w["up"], w["down"])
+    with pytest.raises(ValueError, match=r"a list of 3"):
+        moe.load_experts(list(w["gate"][:3]), w["up"], w["down"])
+    assert all(torch.equal(before[k], v) for k, v in moe.state_dict().items())
+    biased = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=8, backend="torch", device="cpu",
+                      scoring="sigmoid", score_bias=True)
+    with pytest.raises(ValueError, match=r"score_bias must be \[8\], got \(9,\)"):  # no '(or a list of ...)'
+        biased.load_router(w["router"], torch.zeros(E + 1))
+    assert not biased.router_weight.any()
