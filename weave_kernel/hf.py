@@ -75,6 +75,9 @@ def describe_block(block) -> dict:
     if not _is_silu(getattr(experts, "act_fn", None)):
         raise UnsupportedBlock(f"{name}: expert activation {type(getattr(experts, 'act_fn', None)).__name__}, not SiLU")
     gu, down = experts.gate_up_proj, experts.down_proj
+    if gu.dtype != torch.bfloat16 or down.dtype != torch.bfloat16:
+        raise UnsupportedBlock(f"{name}: experts in {gu.dtype}; WeaveMoE computes in bf16 (the kernel's dtype) and "
+                               f"takes bf16 hidden states: cast the model first, model.to(torch.bfloat16)")
     E, two_i, H = gu.shape
     I = two_i // 2
     if tuple(down.shape) != (E, H, I) or tuple(gate.weight.shape) != (E, H):
@@ -109,6 +112,10 @@ def describe_block(block) -> dict:
         if not _is_silu(getattr(shared, "act_fn", None)):
             raise UnsupportedBlock(f"{name}: shared expert activation is not SiLU")
         sg, su, sd = (_linear_weight(shared, n, block) for n in ("gate_proj", "up_proj", "down_proj"))
+        if any(t.dtype != torch.bfloat16 for t in (sg, su, sd)):
+            raise UnsupportedBlock(f"{name}: shared expert in {sg.dtype}; WeaveMoE computes in bf16: cast the model "
+                                   f"first, model.to(torch.bfloat16)")
+    if shared is not None and sg.shape[0] > 0:  # a shared expert of width 0 (n_shared_experts=0) adds nothing
         kw["shared_inter"] = sg.shape[0]
         weights["shared"] = (sg, su, sd)
         sgate = getattr(block, "shared_expert_gate", None)

@@ -128,3 +128,49 @@ def test_unsupported_blocks_are_refused():
     block.gate = SomeOtherRouter(block.gate.weight)
     with pytest.raises(UnsupportedBlock, match="router SomeOtherRouter is not one"):
         from_hf_block(block, max_tokens=8, backend="torch")
+
+
+def _qwen3_model(layers=2, **kw):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=97, hidden_size=H, intermediate_size=128, moe_intermediate_size=64, num_experts=8,
+                         num_experts_per_tok=2, num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, norm_topk_prob=True, **kw)
+    torch.manual_seed(0)
+    return _randomise(Qwen3MoeForCausalLM(cfg).eval(), seed=3)
+
+
+def test_zero_width_shared_experts_are_no_shared_expert():
+    """DeepSeek-V2 with n_shared_experts=0 and Qwen2-MoE with shared_expert_intermediate_size=0 build shared experts
+    of width 0, which add nothing; they used to fail (load_shared on a block without one; shared_gate without a
+    shared expert). They become blocks without one and still match transformers."""
+    from transformers import DeepseekV2Config, Qwen2MoeConfig
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    blocks = [DeepseekV2Moe(DeepseekV2Config(hidden_size=H, moe_intermediate_size=64, n_routed_experts=8,
+                                             n_shared_experts=0, num_experts_per_tok=2, topk_method="greedy")),
+              Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=64,
+                                                    shared_expert_intermediate_size=0, num_experts=8,
+                                                    num_experts_per_tok=2))]
+    x = torch.randn(1, 9, H, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for block in blocks:
+        block = _randomise(block, seed=5)
+        d = describe_block(block)
+        assert "shared_inter" not in d["kwargs"] and "shared_gate" not in d["kwargs"] and "shared" not in d["weights"]
+        moe = from_hf_block(block, max_tokens=16, backend="torch")
+        assert moe.w13s is None
+        with torch.no_grad():
+            assert rel(moe(x), block(x)) < 1e-2
+
+
+def test_non_bf16_models_are_refused_before_the_swap():
+    """A float32 (or float16) model used to be swapped (its experts silently rounded to bf16) and then fail on its
+    first forward (x must be bf16); it is now refused up front, the model unchanged, with the cast to do."""
+    for dtype in (torch.float32, torch.float16):
+        model = _qwen3_model().to(dtype)
+        with pytest.raises(UnsupportedBlock, match=r"experts in torch.float.*model.to\(torch.bfloat16\)"):
+            replace_moe_blocks(model, max_tokens=64, backend="torch")
+        assert not any(isinstance(m, WeaveMoE) for m in model.modules())
+    model = _qwen3_model()  # the cast it asks for is enough
+    assert replace_moe_blocks(model.to(torch.bfloat16), max_tokens=64, backend="torch") == 2
