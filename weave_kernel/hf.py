@@ -146,11 +146,27 @@ def from_hf_block(block, *, max_tokens: int, **kwargs) -> WeaveMoE:
 
 def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, **kwargs) -> int:
     """Swap every submodule of `model` that describe_block accepts for a WeaveMoE (from_hf_block); returns how many.
-    Modules that look like MoE blocks (a gate and experts) but are not supported raise UnsupportedBlock."""
+    Modules that look like MoE blocks (a gate and experts) but are not supported raise UnsupportedBlock. All or
+    nothing: every block is described before any is swapped, and a failure while swapping puts the swapped ones
+    back. A WeaveMoE returns no router logits, so a model whose config asks for them (output_router_logits) is
+    refused; an explicit model(..., output_router_logits=True) after the swap fails in transformers' own code."""
     targets = [(name, mod) for name, mod in model.named_modules()
                if name and hasattr(mod, "gate") and hasattr(mod, "experts") and not isinstance(mod, WeaveMoE)]
-    for name, mod in targets:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, from_hf_block(mod, max_tokens=max_tokens, **kwargs))
+    if targets and getattr(getattr(model, "config", None), "output_router_logits", False):
+        raise ValueError("the model's config has output_router_logits=True, and WeaveMoE blocks return no router "
+                         "logits (transformers' auxiliary loss would fail on the missing ones): set "
+                         "model.config.output_router_logits = False first")
+    for _, mod in targets:
+        describe_block(mod)  # every block supported, before the model changes
+    done = []
+    try:
+        for name, mod in targets:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, attr, from_hf_block(mod, max_tokens=max_tokens, **kwargs))
+            done.append((parent, attr, mod))
+    except BaseException:
+        for parent, attr, mod in done:
+            setattr(parent, attr, mod)
+        raise
     return len(targets)

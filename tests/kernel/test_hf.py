@@ -174,3 +174,42 @@ def test_non_bf16_models_are_refused_before_the_swap():
         assert not any(isinstance(m, WeaveMoE) for m in model.modules())
     model = _qwen3_model()  # the cast it asks for is enough
     assert replace_moe_blocks(model.to(torch.bfloat16), max_tokens=64, backend="torch") == 2
+
+
+def test_replace_is_all_or_nothing():
+    """An unsupported block, or one that fails to build, leaves the model as it was (the blocks before it used to
+    stay swapped); replacing again finds nothing more; a model without MoE blocks has none to swap."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = _qwen3_model(layers=3)
+    model.model.layers[2].mlp.experts.act_fn = torch.nn.GELU()
+    originals = [layer.mlp for layer in model.model.layers]
+    with pytest.raises(UnsupportedBlock, match="not SiLU"):
+        replace_moe_blocks(model, max_tokens=64, backend="torch")
+    assert [layer.mlp for layer in model.model.layers] == originals
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+    from weave_sim.placement import contiguous
+
+    wide = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=64, num_experts=16, num_experts_per_tok=2)
+    model.model.layers[2].mlp = _randomise(Qwen3MoeSparseMoeBlock(wide), seed=6)  # the last block has 16 experts:
+    originals = [layer.mlp for layer in model.model.layers]  # the 8-expert placement fits the first two blocks only
+    with pytest.raises(ValueError, match="placement of 8 experts over 1 GPUs; this block has 16"):
+        replace_moe_blocks(model, max_tokens=64, backend="torch", placement=contiguous(8, 1))
+    assert [layer.mlp for layer in model.model.layers] == originals  # the two swapped ones were put back
+    assert replace_moe_blocks(model, max_tokens=64, backend="torch") == 3
+    assert replace_moe_blocks(model, max_tokens=64, backend="torch") == 0
+    dense = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=H, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=32))
+    assert replace_moe_blocks(dense, max_tokens=64, backend="torch") == 0
+
+
+def test_models_that_ask_for_router_logits_are_refused():
+    """WeaveMoE returns no router logits; a config with output_router_logits=True used to be swapped and then fail
+    every forward with an IndexError inside transformers' load-balancing loss."""
+    model = _qwen3_model(output_router_logits=True)
+    with pytest.raises(ValueError, match="output_router_logits"):
+        replace_moe_blocks(model, max_tokens=64, backend="torch")
+    assert not any(isinstance(m, WeaveMoE) for m in model.modules())
+    model.config.output_router_logits = False
+    assert replace_moe_blocks(model, max_tokens=64, backend="torch") == 2
