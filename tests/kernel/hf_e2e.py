@@ -81,24 +81,42 @@ def median_ms(fn, device, warmup: int = 2, repeats: int = 5) -> float:
 
 
 def main(argv=None) -> int:
-    import transformers
-
-    from weave_kernel.hf import replace_moe_blocks
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="qwen3-moe,deepseek-v2-lite")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--backend", default="kernel", help="WeaveMoE backend: kernel or torch")
+    ap.add_argument("--backend", default="kernel", choices=("kernel", "torch"), help="WeaveMoE backend")
     ap.add_argument("--policy", default="weave")
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a smoke run)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    names = args.models.split(",")
+    known = ("qwen3-moe", "deepseek-v2-lite")
+    if any(n not in known for n in names):
+        ap.error(f"--models: {', '.join(n for n in names if n not in known)} unknown; known: {', '.join(known)}")
+    if min(args.layers, args.tokens, args.repeats) < 1:
+        ap.error("--layers, --tokens and --repeats must be >= 1")
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError as exc:
+        ap.error(f"--device {args.device!r}: {exc}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda, but this torch sees no GPU; on CPU: --tiny --device cpu --backend torch")
+    if args.backend == "kernel" and dev.type != "cuda":
+        ap.error(f"--backend kernel runs the CUDA megakernel and needs --device cuda, not {args.device}; "
+                 f"--backend torch runs anywhere")
+    try:
+        import transformers
+    except ImportError:
+        ap.error('needs transformers 5.x: pip install -e ".[hf]"')
+
+    from weave_kernel.hf import replace_moe_blocks
+
     cfgs = configs(args.tiny, args.layers)
     rows = []
-    for name in args.models.split(","):
+    for name in names:
         cfg = cfgs[name]
         model = build(name, cfg, args.device, seed=0)
         ids = torch.randint(0, cfg.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(1))

@@ -213,3 +213,30 @@ def test_models_that_ask_for_router_logits_are_refused():
     assert not any(isinstance(m, WeaveMoE) for m in model.modules())
     model.config.output_router_logits = False
     assert replace_moe_blocks(model, max_tokens=64, backend="torch") == 2
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--models", "bogus"], "--models: bogus unknown"),                       # a KeyError traceback before
+    (["--tokens", "0"], "must be >= 1"),                                     # a reshape error deep in attention
+    (["--repeats", "0"], "must be >= 1"),                                    # an IndexError in median_ms
+    (["--backend", "triton"], "invalid choice"),                             # a ValueError traceback from WeaveMoE
+    (["--device", "cpu"], "--backend kernel runs the CUDA megakernel"),      # CUDA_HOME not set
+    (["--device", "bogus"], "--device 'bogus'"),
+] + ([] if torch.cuda.is_available() else [([], "this torch sees no GPU")]))  # default cuda: an AssertionError
+def test_hf_e2e_arguments(kernel_script, capsys, argv, match):
+    """tests/kernel/hf_e2e.py (the docs' command) refuses bad arguments with a usage line, not a traceback."""
+    with pytest.raises(SystemExit) as exc:
+        kernel_script("hf_e2e").main(["--tiny", *argv])
+    assert exc.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_hf_e2e_cpu_smoke_run(kernel_script, tmp_path):
+    """The CPU smoke run docs/kernel.md gives: both tiny models swapped and within the per-block tolerance."""
+    import json
+
+    out = tmp_path / "hf_e2e.json"
+    assert kernel_script("hf_e2e").main(["--tiny", "--device", "cpu", "--backend", "torch", "--tokens", "16",
+                                         "--layers", "1", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["moe_blocks"]) for r in rows] == [("qwen3-moe", 1), ("deepseek-v2-lite", 1)]
+    assert all(r["rel_err_last_hidden"] < 1e-2 for r in rows)
