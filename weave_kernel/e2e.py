@@ -81,6 +81,13 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
     return out
 
 
+def shared_note(model, shared: bool) -> str:
+    """The header's word on shared experts: fused, left out, or none in the model (--shared on a model without)."""
+    if not shared:
+        return "left out"
+    return "fused" if model.num_shared_experts else f"none in {model.name}"
+
+
 def median_ms(fn, warmup: int, repeats: int) -> float:
     import torch.distributed as dist
 
@@ -164,7 +171,7 @@ def main(argv=None) -> int:
         rows[name]["rel_err_vs_reference"] = float(e)
     if rank == 0:
         print(f"{args.layers} decoder layers of {model.name} (stand-in GQA attention), {args.tokens} tokens per rank, "
-              f"EP={world}, {torch.cuda.get_device_name(dev)}, shared experts {'fused' if args.shared else 'left out'}, "
+              f"EP={world}, {torch.cuda.get_device_name(dev)}, shared experts {shared_note(model, args.shared)}, "
               f"median of {args.repeats}, {time.strftime('%Y-%m-%d')}")
         print(f"{'MoE backend':<14}{'forward ms':>12}{'MoE ms':>10}{'MoE share':>11}{'vs reference':>14}"
               f"{'rel. error':>12}")

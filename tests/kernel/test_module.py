@@ -385,3 +385,13 @@ def test_failed_loads_change_nothing():
     with pytest.raises(ValueError, match=r"score_bias must be \[8\], got \(9,\)"):  # no '(or a list of ...)'
         biased.load_router(w["router"], torch.zeros(E + 1))
     assert not biased.router_weight.any()
+
+
+def test_e2e_header_says_when_a_model_has_no_shared_experts():
+    """e2e --shared on a model without shared experts runs without them; its header said 'fused' all the same."""
+    from weave_kernel.e2e import shared_note
+    from weave_sim.presets import get_model
+
+    assert shared_note(get_model("deepseek-v2-lite"), True) == "fused"
+    assert shared_note(get_model("qwen3-30b-a3b"), True) == "none in qwen3-30b-a3b"
+    assert shared_note(get_model("deepseek-v2-lite"), False) == "left out"
