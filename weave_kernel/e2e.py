@@ -16,7 +16,6 @@ import argparse
 import json
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -88,21 +87,19 @@ def shared_note(model, shared: bool) -> str:
     return "fused" if model.num_shared_experts else f"none in {model.name}"
 
 
-def median_ms(fn, warmup: int, repeats: int) -> float:
+def _sync_ranks() -> None:
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        if dist.is_initialized():
-            dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
+    torch.cuda.synchronize()
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def median_ms(fn, warmup: int, repeats: int) -> float:
+    """Median ms of one fn() (symm.cuda_time_ms, the ranks synchronised before each repetition)."""
+    from .symm import cuda_time_ms
+
+    return cuda_time_ms(fn, warmup, repeats, before=_sync_ranks)
 
 
 def main(argv=None) -> int:
