@@ -54,8 +54,11 @@ class DecoderLayer(torch.nn.Module):
         return x + self.moe(self.n2(x)) if with_moe else x
 
 
-def build_moes(model, layers: int, tokens: int, backend: str, policy: str, shared: bool, dev, seed: int):
-    """One WeaveMoE per layer, every rank with the same random weights (its local experts of them)."""
+def build_moes(model, layers: int, tokens: int, backend: str, policy: str, shared: bool, dev, seed: int,
+               share: bool = True):
+    """One WeaveMoE per layer, every rank with the same random weights (its local experts of them); on the kernel
+    backend all layers run on the first one's MoEMegakernel (kernel=: one layer's buffers, as a model would), or
+    each on its own with share=False."""
     from .module import WeaveMoE
 
     H, I, E = model.hidden_size, model.expert_ffn_size, model.num_experts
@@ -63,7 +66,8 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
     out = []
     for layer in range(layers):
         m = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=model.top_k, max_tokens=tokens, backend=backend,
-                     policy=policy, shared_inter=Is, device=dev, check=False)
+                     policy=policy, shared_inter=Is, device=dev, check=False,
+                     kernel=out[0] if out and share and backend == "kernel" else None)
 
         def r(*shape, d, key):  # the same draw on every rank, for this layer and key
             g = torch.Generator(device=dev).manual_seed((seed * 1000 + layer) * 10007 + key)
@@ -118,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--separate-kernels", action="store_true",
+                    help="also time each policy with a MoEMegakernel per layer (rows 'POLICY/separate') beside the "
+                         "default, every layer on one kernel")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     if args.tokens < 1 or args.layers < 1 or args.repeats < 1:
@@ -132,10 +139,12 @@ def main(argv=None) -> int:
     x = torch.randn(args.tokens, H, device=dev, generator=torch.Generator(device=dev).manual_seed(args.seed + rank))
     x = x.to(torch.bfloat16)
     rows, outputs = {}, {}
-    backends = [("kernel", p) for p in args.policies.split(",") if p] + [("torch", "-")]
-    for backend, policy in backends:
+    pols = [p for p in args.policies.split(",") if p]
+    backends = [("kernel", p, sh) for p in pols for sh in ((True, False) if args.separate_kernels else (True,))] \
+        + [("torch", "-", True)]
+    for backend, policy, share in backends:
         moes = build_moes(model, args.layers, args.tokens, backend, policy if backend == "kernel" else "weave",
-                          args.shared, dev, args.seed)
+                          args.shared, dev, args.seed, share=share)
         torch.manual_seed(args.seed)  # the same attention weights for every backend (and rank)
         stack = [DecoderLayer(H, m, dev) for m in moes]
 
@@ -154,8 +163,11 @@ def main(argv=None) -> int:
         t = torch.tensor([t_all, t_attn], device=dev)
         if dist.is_initialized():
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        name = policy if backend == "kernel" else "reference"
+        name = (policy if share else f"{policy}/separate") if backend == "kernel" else "reference"
         rows[name] = {"forward_ms": float(t[0]), "without_moe_ms": float(t[1])}
+        if backend == "kernel":  # one MoEMegakernel's buffers serve every layer (build_moes)
+            rows[name]["kernels"] = len({id(m.layer) for m in moes})
+            rows[name]["workspace_bytes"] = moes[0].layer.workspace_bytes()["total"]
         outputs[name] = y
         stack = moes = None  # noqa: F841 - frees the layer's weights before the next backend
         torch.cuda.empty_cache()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .module import WeaveMoE
+from .module import WeaveMoE, kernel_options
 
 
 class UnsupportedBlock(ValueError):
@@ -144,8 +144,12 @@ def from_hf_block(block, *, max_tokens: int, **kwargs) -> WeaveMoE:
     return moe
 
 
-def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, **kwargs) -> int:
+def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, share_kernel: bool = True, **kwargs) -> int:
     """Swap every submodule of `model` that describe_block accepts for a WeaveMoE (from_hf_block); returns how many.
+    share_kernel (kernel backend): the blocks of one geometry and device run on one MoEMegakernel (WeaveMoE's
+    kernel=), built by the first of them with kwargs' kernel options, so a model holds one layer's buffers instead of
+    one per layer (megakernel.workspace_bytes: qwen3-30b-a3b's 48 layers at max_tokens 4096 over 8 GPUs hold 1.5 GiB
+    per GPU on one kernel, 73 GiB on one kernel each).
     Modules that look like MoE blocks (a gate and experts) but are not supported raise UnsupportedBlock. All or
     nothing: every block is described before any is swapped, and a failure while swapping puts the swapped ones
     back. A WeaveMoE returns no router logits, so a model whose config asks for them (output_router_logits) is
@@ -158,12 +162,26 @@ def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, **kwargs) -> 
                          "model.config.output_router_logits = False first")
     for _, mod in targets:
         describe_block(mod)  # every block supported, before the model changes
+    share = share_kernel and kwargs.get("backend", "kernel") == "kernel" and kwargs.get("kernel") is None
+    own = {k: v for k, v in kwargs.items() if k not in kernel_options() | {"kernel"}}  # a sharing block's
+    kernels = {}  # (geometry, device) -> the MoEMegakernel the first block of it built
     done = []
     try:
         for name, mod in targets:
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, from_hf_block(mod, max_tokens=max_tokens, **kwargs))
+            key = None
+            if share:
+                d = describe_block(mod)
+                key = tuple(d["kwargs"].get(k, 0) for k in ("hidden", "inter", "num_experts", "top_k", "shared_inter")) \
+                    + (str(kwargs.get("device", d["weights"]["gate_up"].device)),)
+            if key in kernels:
+                moe = from_hf_block(mod, max_tokens=max_tokens, kernel=kernels[key], **own)
+            else:
+                moe = from_hf_block(mod, max_tokens=max_tokens, **kwargs)
+                if key is not None:
+                    kernels[key] = moe.layer
+            setattr(parent, attr, moe)
             done.append((parent, attr, mod))
     except BaseException:
         for parent, attr, mod in done:

@@ -112,6 +112,64 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
                       ("count_flag", "comb_flag", "gcounts", "blk_flag", "recv_meta", "comb", "recv_x")), off)
 
 
+def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, world: int, max_tokens: int,
+                    shared_inter: int = 0, num_ctas: int = 132, timeline_per_cta: int = 0) -> dict[str, int]:
+    """Bytes of device memory one MoEMegakernel allocates on each rank, by part: "symmetric" (the buffer the peers
+    write into: received rows, combine rows, flags), "h" (the SwiGLU outputs of every received row), "shared" (the
+    shared expert's scratch), "other" (pair lists, counters, tables, timeline) and "total". Nothing here depends on
+    the weights: calls run one after another, so one object serves every layer of its geometry (WeaveMoE's
+    kernel=, hf.replace_moe_blocks shares one per geometry). `MoEMegakernel.workspace_bytes()` sums what an
+    object did allocate; the GPU tests check that the two agree."""
+    plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens)
+    ns = max_tokens if shared_inter else 1
+    shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
+    other = (4 * 2 * num_experts                      # expert_ctr
+             + 2 * 4 * max_tokens * top_k             # pair_slot, sorted_pair
+             + 4 * 2 * plan.max_row_blocks            # g0_done
+             + 4 * 8 + 4 * 2 + 4 * 4                  # sched, grid_bar, err
+             + max(1, num_ctas * timeline_per_cta) * RECORD_DTYPE.itemsize + 4 * num_ctas
+             + 8 * COST_TABLE_LEN + 8 * CHOICE_LEN + 8  # cost table, choice, epoch counter
+             + 4 * num_experts * 2                    # expert_owner, owner_experts
+             + 8 * world)                             # peer_base
+    parts = {"symmetric": plan.total_bytes,
+             "h": 2 * plan.recv_cap_rows * inter,
+             "shared": 2 * ns * max(1, shared_inter) + 2 * ns * hidden + 4 * 2 * shared_blocks,
+             "other": other}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_fits(need: dict, device, *, group=None, distributed: bool = False, world: int = 1, rank: int = 0,
+               what: str = "this layer", hint: str = "") -> None:
+    """Raise MemoryError on every rank alike if `need` ({part: bytes, "total": bytes}) exceeds the free memory of some
+    rank's GPU (the driver's free memory plus what torch's cache holds unused). Collective when distributed: the
+    ranks exchange their figures first, because a rank whose allocation failed alone would leave its peers waiting
+    in the next collective (the symmetric-memory rendezvous) instead of failing with it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    mine = (rank, int(need["total"]), int(free))
+    if distributed:
+        import torch.distributed as dist
+
+        every = [None] * world
+        dist.all_gather_object(every, mine, group=group)
+    else:
+        every = [mine]
+    short = [(r, n, f) for r, n, f in every if n > f]
+    if short:
+        r, n, f = short[0]
+        parts = ", ".join(f"{k} {_gib(v)}" for k, v in need.items() if k != "total")
+        raise MemoryError(f"{what} need {_gib(n)} per rank ({parts}) and rank {r}'s GPU has {_gib(f)} free"
+                          + (f": {hint}" if hint else ""))
+
+
 class MoEMegakernel:
     """The persistent cross-GPU MoE layer on one rank. Construction is collective over `group`."""
 
@@ -168,7 +226,11 @@ class MoEMegakernel:
         self.expert_owner = torch.as_tensor(owner, dtype=torch.int32, device=dev)
         self.owner_experts = torch.as_tensor(owner_experts, dtype=torch.int32, device=dev).contiguous()
 
+        self.placement = placement
         self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens)
+        self._check_memory(workspace_bytes(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
+                                           world=self.world, max_tokens=max_tokens, shared_inter=shared_inter,
+                                           num_ctas=self.num_ctas, timeline_per_cta=timeline_per_cta))
         self._alloc_symmetric(self.plan.total_bytes)
         i32 = dict(dtype=torch.int32, device=dev)
         self.expert_ctr = torch.zeros(2 * num_experts, **i32)  # the kernel clears the parity the next call uses
@@ -205,6 +267,23 @@ class MoEMegakernel:
         if self.distributed:
             dist.barrier(group=group)
 
+    def _check_memory(self, need: dict) -> None:
+        check_fits(need, self.device, group=self.group if self.distributed else None, distributed=self.distributed,
+                   world=self.world, rank=self.rank, what="the megakernel's buffers", hint=(
+                       f"lower max_tokens (now {self.max_tokens}; the receive buffer holds world x max_tokens x top_k "
+                       f"rows), or let the layers of one geometry share one MoEMegakernel (WeaveMoE(kernel=...); "
+                       f"hf.replace_moe_blocks shares by default)"))
+
+    def workspace_bytes(self) -> dict[str, int]:
+        """Bytes this object allocated on its device, by part (as the module function workspace_bytes reports)."""
+        nb = lambda *ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+        parts = {"symmetric": nb(self.symm), "h": nb(self.h), "shared": nb(self.hs, self.ys, self.g0s_done),
+                 "other": nb(self.expert_ctr, self.pair_slot, self.sorted_pair, self.g0_done, self.sched,
+                             self.grid_bar, self.err, self.timeline, self.timeline_count, self.cost_table,
+                             self.choice, self.epoch_ctr, self.expert_owner, self.owner_experts, self.peer_base)}
+        parts["total"] = sum(parts.values())
+        return parts
+
     def _placement_tables(self, placement) -> tuple[np.ndarray, np.ndarray]:
         """(owner [E], owner_experts [G, E/G]) of a placement this layer can run: its experts and world size, and
         the same number of experts on every rank."""
@@ -221,6 +300,7 @@ class MoEMegakernel:
         its next call, and pass w13 / w2 in the new local order (placement.local_experts(rank)). The tables are
         overwritten in place, so a captured CUDA graph replays with the new placement."""
         owner, owner_experts = self._placement_tables(placement)
+        self.placement = placement
         self.expert_owner.copy_(torch.as_tensor(owner, dtype=torch.int32))
         self.owner_experts.copy_(torch.as_tensor(owner_experts, dtype=torch.int32))
 

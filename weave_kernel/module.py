@@ -39,6 +39,14 @@ from .reference import ep_moe_reference
 from .validate import check_layer_inputs
 
 SCORINGS = ("softmax", "sigmoid")
+
+
+def kernel_options() -> set:
+    """The MoEMegakernel options WeaveMoE passes through (its kernel_kwargs): timeout_s, cost_profile, dispatch, ..."""
+    from .megakernel import MoEMegakernel
+
+    return set(inspect.signature(MoEMegakernel.__init__).parameters) - {
+        "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device", "shared_inter"}
 BACKENDS = ("kernel", "torch")
 
 
@@ -65,19 +73,27 @@ class WeaveMoE(torch.nn.Module):
                  router: Callable | None = None, n_group: int = 1, topk_group: int = 1,
                  router_dtype: torch.dtype = torch.float32,
                  shared_inter: int = 0, shared_gate: bool = False,
-                 shared_order: str = "last", check: bool = True, **kernel_kwargs):
-        """placement: a weave_sim Placement (default contiguous over the group); check=False skips the kernel call's
+                 shared_order: str = "last", check: bool = True, kernel=None, **kernel_kwargs):
+        """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the kernel call's
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
         raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
         dispatch, num_ctas, ...; checked by name on either backend, used by the kernel's). policy and shared_order
         are checked on either backend too; router= replaces the built-in rule (scoring, norm_topk, routed_scale,
-        score_bias, n_group, topk_group and router_dtype are then unused)."""
+        score_bias, n_group, topk_group and router_dtype are then unused).
+
+        kernel: run this block on an existing MoEMegakernel (or another WeaveMoE's) instead of building one. A
+        MoEMegakernel holds no weights, only its buffers (about world x max_tokens x top_k rows of H and I per rank:
+        megakernel.workspace_bytes), and a model's blocks run one after another, so all blocks of one geometry can
+        share one: the memory of one layer's buffers instead of one per layer. It must match this block (hidden,
+        inter, experts, top_k, max_tokens, placement, group, device; shared_inter equal, or 0 here); its options
+        (kernel_kwargs) are the ones it was built with, so none may be passed with it. set_placement() on a shared
+        kernel moves the experts of every block on it."""
         super().__init__()
         import torch.distributed as dist
 
         from weave_sim.placement import contiguous
 
-        from .megakernel import SHARED_ORDERS, MoEMegakernel
+        from .megakernel import SHARED_ORDERS, MoEMegakernel, check_fits, workspace_bytes
         from .policies import parse_policy
 
         for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),
@@ -89,9 +105,7 @@ class WeaveMoE(torch.nn.Module):
                 raise ValueError(f"{name} must be >= {lo}, got {v}")
         hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group = (
             int(v) for v in (hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group))
-        kernel_args = set(inspect.signature(MoEMegakernel.__init__).parameters) - {
-            "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device",
-            "shared_inter"}
+        kernel_args = kernel_options()
         unknown = sorted(set(kernel_kwargs) - kernel_args)
         if unknown:
             raise TypeError(f"WeaveMoE got unexpected keyword arguments {unknown}; besides its own it takes "
@@ -122,6 +136,8 @@ class WeaveMoE(torch.nn.Module):
         self.world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
         self.group = group
+        if placement is None and isinstance(getattr(kernel, "layer", kernel), MoEMegakernel):
+            placement = getattr(kernel, "layer", kernel).placement  # a shared kernel's placement by default
         self.placement = placement if placement is not None else contiguous(num_experts, self.world)
         if self.placement.num_experts != num_experts or self.placement.num_gpus != self.world:
             raise ValueError(f"placement of {self.placement.num_experts} experts over {self.placement.num_gpus} GPUs; "
@@ -140,6 +156,20 @@ class WeaveMoE(torch.nn.Module):
                                f"backend='torch' runs the same block on any device")
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
         e_loc = len(self.local)
+        # what this block allocates on its device, checked on every rank before anything is (module check_fits)
+        need = {"weights": 4 * num_experts * (hidden + 1) + 2 * e_loc * 3 * inter * hidden
+                + (2 * 3 * shared_inter * hidden + 4 * hidden if shared_inter else 0)}
+        if backend == "kernel" and kernel is None:
+            need.update(workspace_bytes(
+                hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, world=self.world,
+                max_tokens=max_tokens, shared_inter=shared_inter,
+                num_ctas=kernel_kwargs.get("num_ctas") or torch.cuda.get_device_properties(dev).multi_processor_count,
+                timeline_per_cta=kernel_kwargs.get("timeline_per_cta", 0)))
+        need["total"] = sum(v for k, v in need.items() if k != "total")
+        check_fits(need, dev, group=group, distributed=distributed, world=self.world, rank=self.rank,
+                   what="this MoE block's weights and buffers",
+                   hint="spread the experts over more GPUs, lower max_tokens, or run the blocks of one geometry on "
+                        "one kernel (kernel=; hf.replace_moe_blocks does)" if kernel is None else "")
         bf = dict(dtype=torch.bfloat16, device=dev)
         frozen = dict(requires_grad=False)
         self.router_weight = torch.nn.Parameter(torch.zeros(num_experts, hidden, dtype=torch.float32, device=dev),
@@ -155,7 +185,17 @@ class WeaveMoE(torch.nn.Module):
             if shared_gate:
                 self.shared_gate = torch.nn.Parameter(torch.zeros(1, hidden, dtype=torch.float32, device=dev), **frozen)
         self.layer = None
-        if backend == "kernel":
+        if kernel is not None:
+            if backend != "kernel":
+                raise ValueError("kernel= runs the block on an existing MoEMegakernel, which is backend='kernel'")
+            if kernel_kwargs:
+                raise TypeError(f"kernel= takes the layer as it was built; its options {sorted(kernel_kwargs)} belong to "
+                                f"the block (or MoEMegakernel) that builds it, not to the blocks that share it")
+            self.layer = check_shared_kernel(kernel, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
+                                             max_tokens=max_tokens, shared_inter=shared_inter,
+                                             placement=self.placement, world=self.world, group=group, device=dev)
+            parse_policy(policy, self.layer.num_ctas)
+        elif backend == "kernel":
             self.layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                        placement=self.placement, max_tokens=max_tokens, group=group, device=dev,
                                        shared_inter=shared_inter, **kernel_kwargs)
@@ -282,6 +322,43 @@ class WeaveMoE(torch.nn.Module):
         return (f"hidden={self.hidden}, inter={self.inter}, experts={self.num_experts} ({len(self.local)} here), "
                 f"top_k={self.top_k}, scoring={self.scoring}, shared_inter={self.shared_inter}, backend={self.backend}, "
                 f"policy={self.policy}")
+
+
+def _full_device(d) -> torch.device:
+    d = torch.device(d)
+    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+
+
+def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, top_k: int, max_tokens: int,
+                        shared_inter: int, placement, world: int, group, device):
+    """The MoEMegakernel of `kernel` (a MoEMegakernel, or a WeaveMoE on the kernel backend) if a block of this geometry
+    can run on it (WeaveMoE's kernel=), else a ValueError naming what differs."""
+    if isinstance(kernel, WeaveMoE):
+        if kernel.layer is None:
+            raise ValueError("kernel= got a WeaveMoE without a kernel (backend='torch'); pass one on the kernel backend "
+                             "or its MoEMegakernel (block.layer)")
+        kernel = kernel.layer
+    from .megakernel import MoEMegakernel
+
+    if not isinstance(kernel, MoEMegakernel):
+        raise TypeError(f"kernel= takes a MoEMegakernel or a WeaveMoE, got {type(kernel).__name__}")
+    want = {"hidden": hidden, "inter": inter, "num_experts": num_experts, "top_k": top_k, "max_tokens": max_tokens,
+            "world": world}
+    have = {k: getattr(kernel, k) for k in want}
+    diff = [f"{k} {have[k]} (this block: {want[k]})" for k in want if have[k] != want[k]]
+    if shared_inter and kernel.shared_inter != shared_inter:
+        diff.append(f"shared_inter {kernel.shared_inter} (this block: {shared_inter})")
+    if diff:
+        raise ValueError(f"kernel= was built for another geometry: {', '.join(diff)}")
+    if kernel.group is not group:
+        raise ValueError("kernel= was built on another process group than this block's group=")
+    if _full_device(device) != _full_device(kernel.device):
+        raise ValueError(f"kernel= lives on {kernel.device}, this block on {device}")
+    kp = kernel.placement
+    if [list(kp.local_experts(g)) for g in range(world)] != [list(placement.local_experts(g)) for g in range(world)]:
+        raise ValueError("kernel= places the experts differently from this block's placement (every block on one "
+                         "kernel has the same placement: pass placement=kernel.placement, or build another kernel)")
+    return kernel
 
 
 def stack_expert_weights(experts: Sequence, names=("gate_proj", "up_proj", "down_proj")) -> tuple:

@@ -295,6 +295,94 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
                          lambda: (g.replay(), torch.cuda.synchronize(), gm.raise_if_error()), y_s, ref2)
 
 
+def shared_kernel_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
+                       shared_inter: int, seed: int) -> None:
+    """Blocks of one geometry on one MoEMegakernel (WeaveMoE's kernel=, as hf.replace_moe_blocks and the e2e stack
+    build a model): three blocks with their own weights, the third without the shared expert, called in turn and
+    the first again, each against the fp32 reference on its own routing; a CUDA graph of two of them chained
+    (check=False blocks on the same kernel) replayed on new tokens; the kernel's allocations against
+    megakernel.workspace_bytes; kernel= of another geometry and a layer larger than the GPU refused."""
+    from weave_kernel.megakernel import workspace_bytes
+    from weave_kernel.module import WeaveMoE
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+
+    def weights(s: int) -> dict:  # the same on every rank
+        g = torch.Generator(device=dev).manual_seed(5000 + 10 * seed + s)
+        r = lambda *sh, d: (torch.randn(*sh, device=dev, generator=g) / d**0.5).to(torch.bfloat16)  # noqa: E731
+        return {"router": r(num_experts, hidden, d=hidden), "gate": r(num_experts, inter, hidden, d=hidden),
+                "up": r(num_experts, inter, hidden, d=hidden), "down": r(num_experts, hidden, inter, d=inter),
+                "shared": (r(shared_inter, hidden, d=hidden), r(shared_inter, hidden, d=hidden),
+                           r(hidden, shared_inter, d=shared_inter))}
+
+    kw = dict(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, max_tokens=max(tokens))
+
+    def block(w: dict, with_shared: bool, **extra) -> WeaveMoE:
+        b = WeaveMoE(**kw, shared_inter=shared_inter if with_shared else 0, **extra)
+        b.load_router(w["router"])
+        b.load_experts(w["gate"], w["up"], w["down"])
+        if with_shared:
+            b.load_shared(*w["shared"])
+        return b
+
+    def reference(b: WeaveMoE, w: dict, x: torch.Tensor) -> torch.Tensor:
+        ids, tw = b.route(x)
+        sh = (torch.cat(w["shared"][:2], 0), w["shared"][2]) if b.w13s is not None else None
+        return moe_reference(x, ids, tw, torch.cat([w["gate"], w["up"]], 1), w["down"], shared=sh)
+
+    ws = [weights(i) for i in range(3)]
+    first = block(ws[0], True)
+    blocks = [(first, ws[0]), (block(ws[1], True, kernel=first), ws[1]), (block(ws[2], False, kernel=first.layer), ws[2])]
+    lay = first.layer
+    want = workspace_bytes(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, world=world,
+                           max_tokens=max(tokens), shared_inter=shared_inter, num_ctas=lay.num_ctas,
+                           timeline_per_cta=lay.timeline_per_cta)
+    same = all(b.layer is lay for b, _ in blocks) and lay.workspace_bytes() == want
+    if rank == 0:
+        log(f"     {name}: one kernel's buffers {want['total'] / 2**20:.1f} MiB ({lay.workspace_bytes()})")
+    check_all_ranks(f"{name:<34} 3 blocks, 1 kernel, bytes as planned", 0.0 if same else float("inf"))
+    n = tokens[rank % len(tokens)]
+    for i, (b, w) in enumerate(blocks + blocks[:1]):
+        x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed * 41 + i * 7 + rank))
+        x = x.to(torch.bfloat16).to(dev)
+        y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+        poisoned_run(f"{name:<34} block {i % 3} of 3 (call {i})", lay, lambda: y.copy_(b(x)), y, reference(b, w, x))
+    # a graph of two chained blocks on the shared kernel
+    ga, gb = block(ws[0], True, kernel=first, check=False), block(ws[2], False, kernel=first, check=False)
+    x_s = torch.zeros(n, hidden, dtype=torch.bfloat16, device=dev)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with torch.cuda.graph(graph):
+        ya = ga(x_s)
+        yb = gb(ya)
+    for rep in range(2):
+        x_s.copy_(torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed * 97 + rep * 5 + rank)))
+        ya.fill_(float("nan"))
+        yb.fill_(float("nan"))
+        torch.cuda.synchronize()
+        dist.barrier()
+        lay.poison_scratch()
+        torch.cuda.synchronize()
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        lay.raise_if_error()
+        check_all_ranks(f"{name:<34} graph replay {rep}, block A", rel_err(ya, reference(ga, ws[0], x_s)))
+        check_all_ranks(f"{name:<34} graph replay {rep}, block B on A", rel_err(yb, reference(gb, ws[2], ya)))
+    del graph
+    bad = dict(kw, inter=inter * 2)
+    expect_refused(f"{name}: kernel= of another geometry", lambda: WeaveMoE(**bad, kernel=first))
+    expect_refused(f"{name}: kernel options with kernel=", lambda: WeaveMoE(**kw, kernel=first, timeout_s=1.0),
+                   TypeError)
+    expect_refused(f"{name}: a layer larger than the GPU (max_tokens 2^21, H 7168, k 8)",
+                   lambda: MoEMegakernel(hidden=7168, inter=2048, num_experts=8 * world, top_k=8,
+                                         placement=contiguous(8 * world, world), max_tokens=1 << 21), MemoryError)
+    torch.cuda.synchronize()
+    dist.barrier()
+
+
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
 
 
@@ -483,6 +571,8 @@ def main() -> int:
     module_case("WeaveMoE deepseek-v3-style", hidden=1024, inter=256, num_experts=16 * world, top_k=8,
                 tokens=[257, 400], shared_inter=256, scoring="sigmoid", norm=True, scale=2.5, bias=True, gated=False,
                 seed=41, n_group=8, topk_group=4, graph=True)
+    shared_kernel_case("one kernel for three blocks", hidden=1024, inter=256, num_experts=8 * world, top_k=4,
+                       tokens=[300, 129], shared_inter=512, seed=42)
     cache: dict = {}
     # gate pre-activations of several hundred: silu's fast division at both ends (exp(-g) overflowing to inf
     # for g < -87 must give 0, not NaN; g > 88 must give g)

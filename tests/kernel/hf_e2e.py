@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="weave")
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a smoke run)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-share", action="store_true",
+                    help="one MoEMegakernel per block (replace_moe_blocks(share_kernel=False)) instead of one per model")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     names = args.models.split(",")
@@ -127,19 +129,23 @@ def main(argv=None) -> int:
             want = model(ids).last_hidden_state
             t_hf = median_ms(lambda: model(ids), args.device, repeats=args.repeats)
             n = replace_moe_blocks(model, max_tokens=args.tokens, backend=args.backend, policy=args.policy,
-                                   check=False)
+                                   check=False, share_kernel=not args.no_share)
             got = model(ids).last_hidden_state
             t_weave = median_ms(lambda: model(ids), args.device, repeats=args.repeats)
         for m in model.modules():
             if hasattr(m, "raise_if_error"):
                 m.raise_if_error()
+        kernels = {id(m.layer): m.layer for m in model.modules() if getattr(m, "layer", None) is not None
+                   and hasattr(m.layer, "workspace_bytes")}
+        buf = sum(k.workspace_bytes()["total"] for k in kernels.values())
         err = float((got.float() - want.float()).norm() / want.float().norm())
         rows.append({"model": name, "layers": args.layers, "tokens": args.tokens, "moe_blocks": n,
                      "transformers_experts": impl, "transformers_ms": t_hf, "weave_ms": t_weave,
                      "speedup": t_hf / t_weave, "rel_err_last_hidden": err, "backend": args.backend,
-                     "policy": args.policy})
+                     "policy": args.policy, "kernels": len(kernels), "kernel_buffer_bytes": buf})
         print(f"{name}: {n} MoE blocks swapped; transformers ({impl}) {t_hf:.3f} ms, WeaveMoE ({args.backend}, "
-              f"{args.policy}) {t_weave:.3f} ms, {t_hf / t_weave:.2f}x; last hidden state rel. error {err:.2e}",
+              f"{args.policy}) {t_weave:.3f} ms, {t_hf / t_weave:.2f}x; last hidden state rel. error {err:.2e}; "
+              f"{len(kernels)} MoEMegakernel(s), buffers {buf / 2**30:.2f} GiB",
               flush=True)
         del model
         if torch.device(args.device).type == "cuda":

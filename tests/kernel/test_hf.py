@@ -240,3 +240,43 @@ def test_hf_e2e_cpu_smoke_run(kernel_script, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["model"], r["moe_blocks"]) for r in rows] == [("qwen3-moe", 1), ("deepseek-v2-lite", 1)]
     assert all(r["rel_err_last_hidden"] < 1e-2 for r in rows)
+
+
+def test_blocks_of_one_geometry_share_one_kernel(monkeypatch):
+    """On the kernel backend replace_moe_blocks builds one MoEMegakernel per geometry and device: the first block of
+    it gets the kernel options, the later ones kernel= its kernel and none of them; share_kernel=False or the torch
+    backend build none to share. (from_hf_block is recorded and run on the torch backend: no GPU here; gpu_worker
+    runs blocks on one real kernel.)"""
+    import weave_kernel.hf as hf
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    real = hf.from_hf_block
+    calls = []
+
+    def recorded(block, *, max_tokens, **kw):
+        calls.append(dict(kw))
+        m = real(block, max_tokens=max_tokens, backend="torch")
+        m.layer = kw["kernel"] if kw.get("kernel") is not None else object()  # a new "kernel" per build
+        return m
+
+    monkeypatch.setattr(hf, "from_hf_block", recorded)
+
+    def model():
+        m = _qwen3_model(layers=4)
+        wide = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=64, num_experts=16, num_experts_per_tok=2)
+        m.model.layers[2].mlp = _randomise(Qwen3MoeSparseMoeBlock(wide), seed=6)  # another geometry
+        return m
+
+    m = model()
+    assert replace_moe_blocks(m, max_tokens=64, policy="static:8", timeout_s=1.0) == 4
+    blocks = [layer.mlp for layer in m.model.layers]
+    assert calls[0] == {"policy": "static:8", "timeout_s": 1.0}
+    assert calls[1] == {"policy": "static:8", "kernel": blocks[0].layer}
+    assert calls[2] == {"policy": "static:8", "timeout_s": 1.0}  # 16 experts: a kernel of its own
+    assert calls[3] == {"policy": "static:8", "kernel": blocks[0].layer}
+    assert blocks[1].layer is blocks[0].layer is blocks[3].layer and blocks[2].layer is not blocks[0].layer
+    for kw in ({"share_kernel": False}, {"backend": "torch"}):
+        calls.clear()
+        assert replace_moe_blocks(model(), max_tokens=64, **kw) == 4
+        assert all("kernel" not in c for c in calls)

@@ -395,3 +395,103 @@ def test_e2e_header_says_when_a_model_has_no_shared_experts():
     assert shared_note(get_model("deepseek-v2-lite"), True) == "fused"
     assert shared_note(get_model("qwen3-30b-a3b"), True) == "none in qwen3-30b-a3b"
     assert shared_note(get_model("deepseek-v2-lite"), False) == "left out"
+
+
+# ---- one MoEMegakernel for several blocks (kernel=) -------------------------------------------------------------
+class _FakeKernel:
+    """Stands in for a built MoEMegakernel where check_shared_kernel looks (no GPU here; gpu_worker runs real ones)."""
+
+    def __init__(self, placement, group=None, device="cpu", **geometry):
+        self.placement, self.group, self.device = placement, group, torch.device(device)
+        self.__dict__.update(dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, world=1, shared_inter=IS,
+                                  num_ctas=132), **geometry)
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    import weave_kernel.megakernel as mk
+
+    monkeypatch.setattr(mk, "MoEMegakernel", _FakeKernel)
+    return _FakeKernel
+
+
+def _check(kernel, **over):
+    from weave_kernel.module import check_shared_kernel
+    from weave_sim.placement import contiguous
+
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, shared_inter=IS, placement=contiguous(E, 1),
+              world=1, group=None, device="cpu")
+    kw.update(over)
+    return check_shared_kernel(kernel, **kw)
+
+
+def test_a_shared_kernel_must_match_the_block(fake_kernel):
+    from weave_sim.placement import contiguous
+
+    k = fake_kernel(contiguous(E, 1))
+    assert _check(k) is k
+    assert _check(k, shared_inter=0) is k  # a block without a shared expert runs on a kernel with one
+    for over, match in ((dict(inter=2 * I), r"inter 128 \(this block: 256\)"), (dict(max_tokens=65), "max_tokens 64"),
+                        (dict(top_k=3), "top_k 2"), (dict(hidden=2 * H), "hidden 64"),
+                        (dict(shared_inter=64), "shared_inter 192"), (dict(group=object()), "another process group")):
+        with pytest.raises(ValueError, match=match):
+            _check(k, **over)
+    with pytest.raises(ValueError, match="lives on cpu"):
+        _check(k, device="meta")
+    with pytest.raises(TypeError, match="MoEMegakernel or a WeaveMoE"):
+        _check(object())
+    cpu_block = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch")
+    with pytest.raises(ValueError, match="without a kernel"):
+        _check(cpu_block)
+
+
+def test_a_shared_kernel_must_place_the_experts_alike(fake_kernel):
+    from weave_sim.placement import contiguous
+
+    k = fake_kernel(contiguous(E, 2), world=2)
+    assert _check(k, world=2, placement=contiguous(E, 2)) is k
+    with pytest.raises(ValueError, match="places the experts differently"):
+        _check(k, world=2, placement=round_robin(E, 2))
+
+
+def test_kernel_is_for_the_kernel_backend_and_takes_no_kernel_options(fake_kernel):
+    from weave_sim.placement import contiguous
+
+    k = fake_kernel(contiguous(E, 1))
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64)
+    with pytest.raises(ValueError, match="backend='kernel'"):
+        WeaveMoE(**kw, backend="torch", kernel=k)
+
+
+def test_workspace_bytes_counts_what_the_layer_allocates():
+    from weave_kernel.megakernel import BLOCK_M, plan_buffers, workspace_bytes
+
+    kw = dict(hidden=2048, inter=768, num_experts=128, top_k=8, world=2, max_tokens=4096)
+    w = workspace_bytes(**kw)
+    plan = plan_buffers(2048, 128, 8, 2, 4096)
+    assert w["symmetric"] == plan.total_bytes and w["h"] == 2 * plan.recv_cap_rows * 768
+    assert w["total"] == sum(v for k, v in w.items() if k != "total")
+    # the receive rows: every pair of every rank on one owner, plus a partial block per local expert
+    assert plan.recv_cap_rows == -(-(2 * 4096 * 8 + 64 * (BLOCK_M - 1)) // BLOCK_M) * BLOCK_M
+    assert w["shared"] < 2**14  # placeholders (one row) without a shared expert
+    ws = workspace_bytes(**kw, shared_inter=1536)
+    assert ws["shared"] >= 2 * 4096 * (1536 + 2048)  # h and y rows of the shared expert per token
+    big = workspace_bytes(**dict(kw, world=8))
+    assert big["symmetric"] > 2.5 * w["symmetric"]  # the receive rows grow with world x max_tokens x top_k
+
+
+def test_check_fits_names_the_sizes_and_the_short_rank(monkeypatch):
+    """The memory check before a layer is built (its GPU figures faked here): enough free memory passes, too little
+    raises MemoryError with the parts and the hint; torch's unused cache counts as free; CPU tensors are not checked."""
+    from weave_kernel.megakernel import check_fits
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 2 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 2**30)
+    need = {"symmetric": 3 * 2**30, "h": 2**29, "total": 3 * 2**30 + 2**29}
+    check_fits(need, "cuda:0")  # 3.5 GiB needed, 3 + (2 - 1) GiB free
+    need = {"symmetric": 4 * 2**30, "h": 2**29, "total": 4 * 2**30 + 2**29}
+    with pytest.raises(MemoryError, match=r"need 4.50 GiB per rank \(symmetric 4.00 GiB, h 0.50 GiB\) and rank 0's "
+                                          r"GPU has 4.00 GiB free: lower it"):
+        check_fits(need, "cuda:0", hint="lower it")
+    check_fits(need, "cpu")
