@@ -24,7 +24,8 @@ expert's row is added with weight 1, or sigmoid(x g^T) per token with shared_gat
 backend="kernel" runs MoEMegakernel (CUDA, Hopper); backend="torch" runs weave_kernel.reference.ep_moe_reference (any
 device; the all-to-all baseline), so model code can be written and tested without the kernel. The torch backend
 checks each call as the kernel does (at most max_tokens rows, expert ids in [0, E) when check=True, x on the
-weights' device).
+weights' device), and refuses at construction what the kernel refuses (weave_kernel.geometry: H, I and the shared
+width multiples of 64, at most 512 experts, world x experts <= 2048, ...).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .geometry import check_geometry
 from .reference import ep_moe_reference
 from .validate import check_layer_inputs
 
@@ -78,8 +80,9 @@ class WeaveMoE(torch.nn.Module):
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
         raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
         dispatch, num_ctas, ...; checked by name on either backend, used by the kernel's). policy and shared_order
-        are checked on either backend too; router= replaces the built-in rule (scoring, norm_topk, routed_scale,
-        score_bias, n_group, topk_group and router_dtype are then unused).
+        are checked on either backend too, and so are the kernel's geometry limits (weave_kernel.geometry); router=
+        replaces the built-in rule, so scoring, norm_topk, routed_scale, score_bias, n_group, topk_group and
+        router_dtype must then keep their defaults (a ValueError names any that do not).
 
         kernel: run this block on an existing MoEMegakernel (or another WeaveMoE's) instead of building one. A
         MoEMegakernel holds no weights, only its buffers (about world x max_tokens x top_k rows of H and I per rank:
@@ -132,6 +135,14 @@ class WeaveMoE(torch.nn.Module):
                              f"it may pick from")
         if shared_gate and shared_inter <= 0:
             raise ValueError("shared_gate needs a shared expert (shared_inter > 0)")
+        if router is not None:  # the rule's options would be silently unused
+            rule = {"scoring": (scoring, "softmax"), "norm_topk": (norm_topk, True), "routed_scale": (routed_scale, 1.0),
+                    "score_bias": (score_bias, False), "n_group": (n_group, 1), "topk_group": (topk_group, 1),
+                    "router_dtype": (router_dtype, torch.float32)}
+            set_too = sorted(k for k, (v, default) in rule.items() if v != default)
+            if set_too:
+                raise ValueError(f"router= replaces the built-in routing rule, so {', '.join(set_too)} would be unused: "
+                                 f"apply them inside the router function, or drop router=")
         distributed = dist.is_available() and dist.is_initialized()
         self.world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
@@ -154,6 +165,8 @@ class WeaveMoE(torch.nn.Module):
             raise RuntimeError(f"backend='kernel' runs the CUDA megakernel (Hopper GPUs) and needs a CUDA device, not "
                                f"{dev}{'' if torch.cuda.is_available() else ' (this torch sees no GPU)'}; "
                                f"backend='torch' runs the same block on any device")
+        # the kernel's limits on either backend, so that a block tested on the torch backend runs on the kernel's
+        check_geometry(hidden, inter, num_experts, top_k, self.world, self.placement.num_gpus, shared_inter)
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
         e_loc = len(self.local)
         # what this block allocates on its device, checked on every rank before anything is (module check_fits)

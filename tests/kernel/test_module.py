@@ -337,6 +337,13 @@ def test_kernel_backend_without_a_gpu_says_so():
     (dict(inter=-3), ValueError, "inter must be >= 1"),
     (dict(shared_inter=-5), ValueError, "shared_inter must be >= 0"),
     (dict(max_tokens=-1), ValueError, "max_tokens must be >= 1"),
+    # the kernel's geometry limits on the torch backend too (it ran them, and the kernel refused the same block)
+    (dict(hidden=96), ValueError, "multiples of 64"),
+    (dict(shared_inter=100), ValueError, "shared expert's width"),
+    (dict(num_experts=1024, top_k=2), ValueError, "num_experts 1024 must be <= 512"),
+    # router= with rule options it would leave unused (silently, before)
+    (dict(router=lambda x: None, scoring="sigmoid"), ValueError, "scoring would be unused"),
+    (dict(router=lambda x: None, norm_topk=False, routed_scale=2.0), ValueError, "norm_topk, routed_scale would be"),
 ])
 def test_inconsistent_options_are_refused(bad, err, match):
     """Options the torch backend used to accept and ignore (or fail on with another library's message)."""
