@@ -363,7 +363,12 @@ def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, to
         diff.append(f"shared_inter {kernel.shared_inter} (this block: {shared_inter})")
     if diff:
         raise ValueError(f"kernel= was built for another geometry: {', '.join(diff)}")
-    if kernel.group is not group:
+    def world_if_none(g):  # group=None means the default group
+        import torch.distributed as dist
+
+        return dist.group.WORLD if g is None and dist.is_available() and dist.is_initialized() else g
+
+    if world_if_none(kernel.group) is not world_if_none(group):
         raise ValueError("kernel= was built on another process group than this block's group=")
     if _full_device(device) != _full_device(kernel.device):
         raise ValueError(f"kernel= lives on {kernel.device}, this block on {device}")

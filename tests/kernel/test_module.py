@@ -502,3 +502,23 @@ def test_check_fits_names_the_sizes_and_the_short_rank(monkeypatch):
                                           r"GPU has 4.00 GiB free: lower it"):
         check_fits(need, "cuda:0", hint="lower it")
     check_fits(need, "cpu")
+
+
+def test_group_none_is_the_default_group(fake_kernel):
+    """A kernel built with group=None serves a block given the default group explicitly, and the other way round."""
+    import torch.distributed as dist
+    from weave_sim.placement import contiguous
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        k = fake_kernel(contiguous(E, 1))
+        assert _check(k, group=dist.group.WORLD) is k
+        k2 = fake_kernel(contiguous(E, 1), group=dist.group.WORLD)
+        assert _check(k2, group=None) is k2
+        other = dist.new_group([0])
+        with pytest.raises(ValueError, match="another process group"):
+            _check(k, group=other)
+    finally:
+        dist.destroy_process_group()
