@@ -79,7 +79,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import dispatch_warning, errors_by_policy, kernel_sources_warning, summarize, validate_file
 
     if args.workers < 1:
-        raise SystemExit(f"weave-sim validate: --workers must be >= 1, got {args.workers}")
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     profile = load_profile(args.profile)
     rows = validate_file(args.results, profile, seed=args.seed,
                          trace_dir=args.out / "traces" if args.traces else None, workers=args.workers)
@@ -204,11 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_costmodel)
     p = sub.add_parser("validate", help="simulator predictions vs measured kernel benchmark results")
     p.add_argument("results", type=Path, help="JSON written by python -m weave_kernel.bench")
-    p.add_argument("--profile", default="h200")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="h200",
+                   help="hardware profile name or JSON path (default h200; the kernel's fitted ones: h200-megakernel*)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the engine's optional jitter (default 0)")
     p.add_argument("--traces", action="store_true", help="write the simulated Chrome trace of each weave run")
     p.add_argument("--workers", type=int, default=1, help="simulate the results in this many processes")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for validate.json (default {DEFAULT_OUT})")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("timeline-stats", help="busy SM time by kind from Chrome traces (simulated or measured)")
     p.add_argument("traces", type=Path, nargs="+")

@@ -10,7 +10,7 @@ import numpy as np
 from . import costmodel as cm
 from .config import add_run_arguments, config_from_args, resolve
 from .engine.dag import SHARED_ORDERS
-from .engine import plot_gantt, plot_latency_vs_c, policy_names, simulate_layer, simulate_model, sweep, write_chrome_trace
+from .engine import plot_gantt, plot_latency_vs_c, simulate_layer, simulate_model, sweep, write_chrome_trace
 from .placement import placement_for
 from .report import write_json
 from .workload import layer_workload, model_workloads
@@ -90,6 +90,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     res = resolve(config_from_args(args))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ValueError(f"--policies names no policy, got {args.policies!r} (e.g. sequential,static:20,weave)")
     try:
         grid = tuple(int(c) for c in args.static_grid.split(","))
     except ValueError:
@@ -117,10 +119,13 @@ def _add_shared_argument(p) -> None:
                         "their GEMM tiles first or last in each GPU's tile queue (default off; docs/engine.md)")
 
 
+POLICY_FORMS = "sequential, static:C[:K], weave, oracle[:fast] or kernel:P (docs/engine.md, Policies)"
+
+
 def add_sim_commands(sub) -> None:
     p = sub.add_parser("simulate", help="simulate every MoE layer of a model under one policy")
     add_run_arguments(p)
-    p.add_argument("--policy", default="weave", help=f"one of {policy_names()} (default weave)")
+    p.add_argument("--policy", default="weave", help=f"{POLICY_FORMS}; default weave")
     p.add_argument("--timeline-layer", type=int, default=None, help="layer for trace and plots (default: slowest)")
     p.add_argument("--no-plots", action="store_true", help="skip the Chrome trace and PNGs")
     p.add_argument("--no-oracle", action="store_true", help="leave the oracle point out of the latency-vs-c plot")
@@ -130,8 +135,8 @@ def add_sim_commands(sub) -> None:
     p = sub.add_parser("sweep", help="policies x layers table with speedups vs sequential and the best static split")
     add_run_arguments(p)
     p.add_argument("--policies", default="sequential,static:20,weave,oracle:fast",
-                   help=f"comma-separated, each one of {policy_names()} (static:C, weave:C; default %(default)s)")
-    p.add_argument("--static-grid", default="4,8,12,16,20,24,32,48,64", help="C values for the best static split")
+                   help=f"comma-separated, each {POLICY_FORMS}; default %(default)s")
+    p.add_argument("--static-grid", default="4,8,12,16,20,24,32,48,64", help="C values for the best static split (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_shared_argument(p)
     p.set_defaults(func=cmd_sweep)

@@ -106,9 +106,17 @@ def test_custom_model_spec_end_to_end(tmp_path, capsys):
     (["simulate", "--trace", "default", "--synthetic", "uniform"], "not both"),
     (["simulate", "--model", "custom:E=64:k=8:H=64:I=64:layers=1024", "--tokens", "100000"], "more routing"),
     (["sweep", "--static-grid", "500"], "--static-grid values must lie in [1, 131]"),
+    (["simulate", "--layers", "0", "--policy", "static:abc"], "static:abc: C and K must be integers"),
+    (["simulate", "--layers", "0", "--policy", "static:20:x"], "C and K must be integers"),
+    (["simulate", "--layers", "0", "--policy", "kernel:static:x"], "comm CTA counts must be integers"),
+    (["simulate", "--layers", "0", "--policy", "kernel:static:4,8"], "one C for every GPU"),
+    (["simulate", "--layers", "0", "--policy", "kernel:weave@a,b"], "comm CTA counts must be integers"),
+    (["sweep", "--layers", "0", "--policies", ","], "--policies names no policy"),
+    (["validate", "--workers", "0"], "--workers must be >= 1"),
 ])
 def test_run_flag_errors_are_one_line(tmp_path, capsys, argv, words):
-    assert main(argv + ["--gpus", "2", "--out", str(tmp_path)]) == 2
+    extra = [str(tmp_path / "bench.json")] if argv[0] == "validate" else ["--gpus", "2"]
+    assert main(argv + extra + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
 
@@ -148,3 +156,12 @@ def test_balanced_placement_per_layer(tmp_path):
     alone = [simulate_model(res.routing[:, i:i + 1], res.model, res.placement[i], res.profile, "weave").total_ns
              for i in range(2)]
     assert [r["latency_us"] for r in data["results"]["layers"]] == pytest.approx([t / 1e3 for t in alone])
+
+
+def test_policy_help_names_the_accepted_forms(capsys):
+    """The help lists the policy forms the engine accepts (no top-level weave:C, which it refuses)."""
+    for cmd in ("simulate", "sweep"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "static:C[:K], weave, oracle[:fast] or kernel:P" in out and "weave:C" not in out, cmd

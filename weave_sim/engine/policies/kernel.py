@@ -34,18 +34,29 @@ def _row_blocks(ctx) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _ints(spec: str, text: str) -> tuple[int, ...]:
+    """Comma-separated comm CTA counts of a `kernel:` spec, with a clear error for anything else."""
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise ValueError(f"kernel:{spec}: comm CTA counts must be integers, got {text!r}") from None
+
+
 def plan(ctx, spec: str) -> Plan:
     name, _, arg = spec.partition(":")
     G, chunks = ctx.num_gpus, _row_blocks(ctx)
     if name == "sequential" and not arg:
         return Plan("kernel:sequential", (ctx.profile.num_sms,) * G, (1,) * G, sequential=True, fused=True)
     if name == "static" and arg:
-        return Plan(f"kernel:static:{int(arg)}", (int(arg),) * G, chunks, combine_in_epilogue=True)
+        c = _ints(spec, arg)
+        if len(c) != 1:
+            raise ValueError(f"kernel:{spec}: kernel:static takes one C for every GPU")
+        return Plan(f"kernel:static:{c[0]}", c * G, chunks, combine_in_epilogue=True)
     name, at, recorded = name.partition("@")
     if name in ("weave", "weave-nosteal") and not (at and arg):
         given = arg or recorded
         if given:  # one C for every GPU, or one per GPU (@c0,c1,...: the choices a kernel run recorded)
-            comm = tuple(int(c) for c in given.split(","))
+            comm = _ints(spec, given)
             comm = comm * G if len(comm) == 1 else comm
             if len(comm) != G:
                 raise ValueError(f"kernel:{spec}: give one C or {G} comma-separated values")

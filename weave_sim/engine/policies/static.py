@@ -16,7 +16,10 @@ def plan(ctx, num_comm_sms: int, num_chunks: int = 1) -> Plan:
 def run(ctx, arg):
     if not arg:
         raise ValueError("static needs a comm SM count, e.g. static:20 or static:20:4")
-    parts = [int(x) for x in arg.split(":")]
+    try:
+        parts = [int(x) for x in arg.split(":")]
+    except ValueError:
+        raise ValueError(f"static:{arg}: C and K must be integers, e.g. static:20 or static:20:4") from None
     if len(parts) > 2:
         raise ValueError(f"static:{arg}: expected static:C or static:C:K")
     return ctx.simulate(plan(ctx, *parts))
