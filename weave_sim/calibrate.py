@@ -596,6 +596,12 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     from .validate import bench_results
 
     bench = {**bench, "results": [r for r in bench_results(bench) if r["tokens_per_gpu"] >= min_tokens]}
+    if not bench["results"]:
+        raise CalibrationError(f"{bench_path}: no configuration with at least {min_tokens} tokens per GPU (--min-tokens)")
+    measured = sorted({p for r in bench["results"] for p in r["latency_ms"] if p != "reference"})
+    if policies is not None and not set(policies) & set(measured):
+        raise CalibrationError(f"{bench_path}: no measured latencies of {', '.join(policies)} (--policies); "
+                               f"it has {', '.join(measured)}")
     base_raw = json.loads(json.dumps(load_profile(base).raw))
     if not power:
         base_raw.pop("power", None)

@@ -119,6 +119,18 @@ def test_fit_of_a_subset_keeps_the_rest_of_the_base(tmp_path):
         fit_profile(bench, params=())
 
 
+def test_fit_refuses_a_selection_with_no_points(tmp_path):
+    """--policies or --min-tokens that leave nothing to fit say so, naming what the file has, before any search."""
+    from weave_sim.calibrate import fit_profile
+    from weave_sim.engine.testing import simulated_bench_file
+
+    bench = simulated_bench_file(tmp_path / "bench.json", load_profile(), 1024, 256)
+    with pytest.raises(CalibrationError, match=r"no measured latencies of static:99 \(--policies\); it has .*static:"):
+        fit_profile(bench, policies=["static:99"], log=lambda m: None)
+    with pytest.raises(CalibrationError, match="no configuration with at least 100000 tokens per GPU"):
+        fit_profile(bench, min_tokens=100000, log=lambda m: None)
+
+
 def _numbers(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
