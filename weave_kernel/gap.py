@@ -107,9 +107,9 @@ def gap_result(result: dict, profile, cfg: dict, bound_profile=None, alone: bool
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
-    ap.add_argument("--profile", default="h200-megakernel-ep2", help="the kernel's fitted profile")
+    ap.add_argument("--profile", default="h200-megakernel-ep2", help="the kernel's fitted profile (default %(default)s)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--tile-tflops", type=float, default=None,
                     help="the tiles step's rate per GPU in TFLOP/s (default: the bound's peak, 790 on h200; e.g. 667, "

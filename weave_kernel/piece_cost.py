@@ -132,15 +132,18 @@ def line_fit(nbytes, dur_us) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("traces", type=Path, nargs="+")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--zipf", type=float, default=1.0)
+    ap.add_argument("traces", type=Path, nargs="+", help="Chrome traces of bench --trace (megakernel runs)")
+    ap.add_argument("--seed", type=int, default=0, help="the benchmark's routing seed (default %(default)s)")
+    ap.add_argument("--zipf", type=float, default=1.0, help="the benchmark's Zipf exponent (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None, help="write the fits as JSON")
     a = ap.parse_args(argv)
-    try:
-        results = [analyse(t, a.seed, a.zipf) for t in a.traces]
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
-        ap.error(f"cannot use the traces: {exc}")
+    results = []
+    for t in a.traces:
+        try:
+            results.append(analyse(t, a.seed, a.zipf))
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
+            detail = str(exc) if str(t) in str(exc) else f"{t}: {exc}"
+            ap.error(f"cannot use the traces: {detail}")
     print(f"{'trace':44} {'C':>7} {'pieces':>7} {'matched':>8} {'dealt':>6} {'rows med':>9} {'full us':>8} "
           f"{'fixed us':>9} {'GB/s/CTA':>9} {'rms us':>7}")
     for r in results:

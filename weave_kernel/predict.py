@@ -45,6 +45,7 @@ from weave_sim.workload import layer_workload, workload_from_counts
 from .choice import counts_from_routing
 from .geometry import check_geometry
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
+from .whatif import parse_ints
 
 STATIC_GRID = (4, 8, 12, 16, 20, 32, 48)
 
@@ -119,14 +120,14 @@ def shared_note(shared: str, rows) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", default="2,4,8", help="world sizes, comma-separated")
+    ap.add_argument("--gpus", default="2,4,8", help="world sizes, comma-separated (default %(default)s)")
     ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS),
                     help="comma-separated presets or model specs (weave_sim.presets.get_model)")
-    ap.add_argument("--tokens", default="2048,4096,8192")
-    ap.add_argument("--profile", default="h200-megakernel-power")
+    ap.add_argument("--tokens", default="2048,4096,8192", help="tokens per GPU, comma-separated (default %(default)s)")
+    ap.add_argument("--profile", default="h200-megakernel-power", help="hardware profile (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     add_routing_args(ap)
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default %(default)s)")
     ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
     ap.add_argument("--gemm-scale", type=float, default=1.0,
                     help="GEMM tiles this many times faster than the profile's (a kernel newer than the fit)")
@@ -142,13 +143,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
-        load_profile(args.profile)
+        num_sms = load_profile(args.profile).num_sms
         if args.gemm_scale <= 0:
             raise ValueError("--gemm-scale must be > 0")
-        worlds = [int(g) for g in args.gpus.split(",")]
-        tokens = [int(t) for t in args.tokens.split(",")]
+        worlds = parse_ints(args.gpus, "--gpus")
+        tokens = parse_ints(args.tokens, "--tokens")
+        if not worlds or not tokens:
+            raise ValueError("--gpus and --tokens need at least one value each")
         if min(tokens) < 1:
             raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
+        weave_grid = tuple(parse_ints(args.weave_grid, "--weave-grid"))
+        if weave_grid and not 1 <= min(weave_grid) <= max(weave_grid) < num_sms:
+            raise ValueError(f"--weave-grid values must lie in [1, {num_sms - 1}] (the profile's {num_sms} SMs), "
+                             f"got {args.weave_grid}")
         models = args.models.split(",")
         spec = spec_from_args(args)
         layers = {m: parse_layers(args.layers, spec, get_model(m).num_moe_layers) for m in models}
@@ -166,8 +173,7 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     jobs = [(m, g, t, lay) for g in worlds for m in models for t in tokens for lay in layers[m]]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        wg = tuple(int(c) for c in args.weave_grid.split(",") if c)
-        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, wg,
+        futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, weave_grid,
                             args.gemm_scale, lay, args.nosteal, args.placement, args.shared)
                 for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]

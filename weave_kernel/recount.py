@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -33,15 +34,25 @@ def counts_for(result: dict, cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("src")
-    ap.add_argument("dst")
+    ap.add_argument("src", help="kernel benchmark JSON (python -m weave_kernel.bench)")
+    ap.add_argument("dst", help="the same with the counts added")
     args = ap.parse_args(argv)
-    data = json.load(open(args.src))
+    try:
+        data = json.loads(Path(args.src).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        ap.error(f"cannot read kernel benchmark results {args.src}: {exc}")
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        ap.error(f"{args.src} is not a kernel benchmark file (python -m weave_kernel.bench writes one: 'results')")
     cfg = data.get("config", {})
-    for r in data["results"]:
-        r["counts"] = counts_for(r, cfg)
-    with open(args.dst, "w") as f:
-        json.dump(data, f, indent=1)
+    try:
+        for r in data["results"]:
+            r["counts"] = counts_for(r, cfg)
+    except (KeyError, TypeError, ValueError) as exc:
+        ap.error(f"{args.src}: cannot rebuild the counts of a result: {exc!r}")
+    try:
+        Path(args.dst).write_text(json.dumps(data, indent=1))
+    except OSError as exc:
+        ap.error(f"cannot write {args.dst}: {exc}")
     return 0
 
 

@@ -165,7 +165,10 @@ def parse_layers(text: str, spec: RoutingSpec, num_layers: int) -> list:
                          "has no layers")
     if text == "all":
         return list(range(num_layers))
-    layers = [int(x) for x in text.split(",") if x]
+    try:
+        layers = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ValueError(f"--layers must be 'all' or comma-separated MoE layer numbers, got {text!r}") from None
     bad = [x for x in layers if not 0 <= x < num_layers]
     if bad or not layers:
         raise ValueError(f"--layers {text!r}: MoE layers lie in [0, {num_layers})")

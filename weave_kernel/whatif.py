@@ -147,6 +147,14 @@ def result_bound_ms(result: dict, cfg: dict, bound_profile=None) -> float:
     return float(bound)
 
 
+def parse_ints(text: str, flag: str) -> list[int]:
+    """A flag's comma-separated integers (empty items skipped); ValueError naming the flag otherwise."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
 def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]:
     """A benchmark file and its results at the given tokens per GPU (comma-separated; all if empty); ValueError
     unless there is at least one and every one carries the exchanged counts the simulator needs."""
@@ -154,7 +162,7 @@ def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
-    keep = {int(t) for t in tokens.split(",") if t}
+    keep = set(parse_ints(tokens, "--tokens"))
     picked = [r for r in bench_results(data) if not keep or int(r["tokens_per_gpu"]) in keep]
     if not picked or any("counts" not in r for r in picked):
         raise ValueError(f"{path}: no results{' at those token counts' if keep else ''}, or results without the "
@@ -210,7 +218,7 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench", type=Path, help="kernel benchmark JSON with counts (python -m weave_kernel.bench)")
-    ap.add_argument("--profile", default="h200-megakernel")
+    ap.add_argument("--profile", default="h200-megakernel", help="hardware profile (default %(default)s)")
     ap.add_argument("--variant", default="dedup",
                     help="dedup, nosteal (weave's split without stealing), queue (dispatch pieces from a ticket, not "
                          "round-robin), piece:NS (a dispatch piece's fixed cost NS ns), gemm:S (tiles S times faster), push:S (comm "

@@ -68,3 +68,11 @@ def test_not_a_trace_is_named(capsys):
     with pytest.raises(SystemExit):
         main([str(ROOT / "docs" / "results" / "calib_2xh200_ws.json")])
     assert "not a megakernel trace" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_json_is_named(tmp_path, capsys):
+    bad = tmp_path / "notes.json"
+    bad.write_text("not json")
+    with pytest.raises(SystemExit):
+        main([str(TRACES[0]), str(bad)])
+    assert f"{bad}: Expecting value" in capsys.readouterr().err

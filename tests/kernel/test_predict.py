@@ -63,7 +63,12 @@ def test_geomean_and_cli_errors(capsys):
     for argv, words in [(["--gpus", "0"], "world size 0"), (["--gpus", "2,16"], "world size 16"),
                         (["--tokens", "0"], "--tokens must be >= 1"),
                         (["--models", "custom:E=64:k=4:H=100:I=64", "--gpus", "2"], "multiples of 64"),
-                        (["--models", "qwen3-30b-a3b", "--routing-trace", "default"], "model mismatch")]:
+                        (["--models", "qwen3-30b-a3b", "--routing-trace", "default"], "model mismatch"),
+                        (["--gpus", "x"], "--gpus must be comma-separated integers, got 'x'"),
+                        (["--tokens", "12a"], "--tokens must be comma-separated integers"),
+                        (["--weave-grid", "8,a"], "--weave-grid must be comma-separated integers"),
+                        (["--weave-grid", "0,8"], "--weave-grid values must lie in [1, 131]"),
+                        (["--synthetic", "zipf", "--layers", "x"], "comma-separated MoE layer numbers")]:
         with pytest.raises(SystemExit):  # a usage error before any worker starts, not a worker's traceback
             main(argv)
         assert words in capsys.readouterr().err, argv

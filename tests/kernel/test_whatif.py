@@ -96,6 +96,9 @@ def test_whatif_cli_names_missing_counts(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(path), "--tokens", "999"])
     assert "no results at those token counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(path), "--tokens", "4096,x"])
+    assert "--tokens must be comma-separated integers" in capsys.readouterr().err
 
 
 def test_whatif_simulates_the_grid_the_benchmark_ran_on():
