@@ -45,11 +45,12 @@ want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 -
 # their time at EP=2 (docs/engine.md "Shared experts"; EP=1 measured in docs/kernel.md)
 want SH && bench bench_SH_$TAG --models deepseek-v2-lite,qwen3.5-35b-a3b,deepseek-v2,deepseek-v3 --tokens 2048,4096,8192 \
   --synthetic fitted --comm 8,20 --weave-comm 4,8,16 --shared last
-# E2E: a decoder stack with WeaveMoE blocks, end to end across the ranks (weave_kernel/e2e.py; EP=1 in docs/kernel.md)
+# E2E: a decoder stack with WeaveMoE blocks, end to end across the ranks (weave_kernel/e2e.py; EP=1 in docs/kernel.md);
+# every layer on one MoEMegakernel, and (--separate-kernels) each on its own, timed in the same call
 if want E2E; then
   for m in qwen3-30b-a3b deepseek-v2-lite qwen3.5-35b-a3b deepseek-v2; do
     sh=""; [ $m != qwen3-30b-a3b ] && sh=--shared
-    timeout 150 torchrun --nproc_per_node=$NPROC -m weave_kernel.e2e --model $m --tokens 4096 --layers 4 $sh \
+    timeout 150 torchrun --nproc_per_node=$NPROC -m weave_kernel.e2e --model $m --tokens 4096 --layers 4 $sh --separate-kernels \
       --out $R/e2e_${m}_$TAG.json > $R/e2e_${m}_$TAG.log 2>&1; echo "e2e $m rc $? [${SECONDS}s]"
   done
 fi
