@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from weave_sim.cli import main
 from weave_sim.engine import simulate_layer, write_chrome_trace
-from weave_sim.engine.dag import C_GEMM, K_GEMM0, K_GEMM1, K_REDUCE, SHARED_FIRST, SHARED_LAST, build_graph
+from weave_sim.engine.dag import C_GEMM, K_BARRIER, K_GEMM0, K_GEMM1, K_REDUCE, SHARED_FIRST, SHARED_LAST, build_graph
 from weave_sim.engine.plan import Plan
 from weave_sim.engine.run import SimContext, SimOptions
 from weave_sim.engine.testing import random_layer, simulated_bench_file, tiny_model, tiny_profile
@@ -109,6 +109,29 @@ def test_queue_position(policy, shared):
             assert r.start_ns[routed & (g.kind == K_GEMM0)].min() >= r.start_ns[sh & (g.kind == K_GEMM0)].max()
         else:
             assert r.start_ns[sh].min() >= r.start_ns[routed].max()
+
+
+@pytest.mark.parametrize("shared", ["first", "last"])
+@pytest.mark.parametrize("policy", ["sequential", "kernel:sequential"])
+def test_sequential_ends_its_gemm_phase_after_the_shared_tiles(policy, shared):
+    """Under `sequential` the shared tiles are GEMM-phase work: the phase boundary after the GEMMs (the kernel's
+    grid barrier after its GEMM1 pass, then its combine phase; a launch when not fused) waits for them, so they
+    never run during it (they used to: with the profile's boundary longer than the shared work, it hid there).
+    """
+    prof = tiny_profile(12, fixed_ns={"grid_barrier": 200_000, "launch": 200_000})
+    opts = dict(KERNEL) if policy.startswith("kernel:") else {}
+    w = pairs_dispatched(layer(2)) if policy.startswith("kernel:") else layer(2)
+    off = simulate_layer(w, prof, policy, tile_rows=32, tile_cols=32, **opts)
+    r = simulate_layer(w, prof, policy, tile_rows=32, tile_cols=32, shared=shared, **opts)
+    g = r.graph
+    boundary = prof.fixed_ns["grid_barrier" if policy.startswith("kernel:") else "launch"]
+    for gpu in range(2):
+        s1 = (g.shared > 0) & (g.kind == K_GEMM1) & (g.gpu == gpu)
+        phase_end = (g.kind == K_BARRIER) & (g.chunk >= 0) & (g.gpu == gpu)
+        assert phase_end.sum() == 1 and r.start_ns[phase_end].min() >= r.end_ns[s1].max()
+        red = (g.kind == K_REDUCE) & (g.gpu == gpu)
+        assert r.start_ns[red].min() >= r.end_ns[s1].max() + boundary
+    assert r.latency_ns > off.latency_ns
 
 
 def test_one_gpu_without_routed_work_still_runs_its_shared_expert():

@@ -13,7 +13,8 @@ Tasks (ids are a topological order: every edge goes from a lower id to a higher 
     combine            a chunk of result rows pushed back from the computing GPU to the tokens' GPU
     shared gemm0/gemm1 (SimOptions.shared 'first' or 'last') the shared experts on g's own tokens: row blocks of
                        tile_rows tokens, GEMM0 after counts_known[g] (and seq_gate[g]), a per-block gemm0_done
-                       barrier, GEMM1; no dispatch or combine (chunk -1: no chunk_done waits on them)
+                       barrier, GEMM1; no dispatch or combine (chunk -1). Under sequential they are GEMM-phase
+                       work: built before chunk_done, whose barrier (the phase boundary) waits for them too
     reduce_gate[s]     barrier: every result row of GPU s's tokens is back (remote and local), and every shared
                        GEMM1 task of s is done
     reduce             a slice of s's tokens: weighted sum over k result rows (HBM bound)
@@ -423,33 +424,13 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     b.edges(g0, g0done[own0])
     own1, g1 = gemm_tasks(K_GEMM1, H, I, b1, 1)
     b.edges(g0done[own1], g1)
-    chunk_base = np.concatenate([[0], np.cumsum(K)[:-1]])
-    cdone = b.add(K_BARRIER, np.repeat(np.arange(G), K), delay_ns=boundary_ns if seq else 0,
-                  chunk=np.arange(K.sum()) - np.repeat(chunk_base, K))
-    b.edges(known[np.repeat(np.arange(G), K)], cdone)
-    b.edges(g1, cdone[chunk_base[rb_gpu[own1]] + rb_chunk[own1]])
-
-    # Combine: rows of chunk k on g that belong to source s go back to s in transfers of cr rows.
-    comb_own, comb_rows = [], []
-    for g, x in enumerate(geo):
-        per = np.zeros((K[g], G), dtype=np.int64)  # [chunk, ring position]
-        np.add.at(per, rb_chunk[rb_gpu == g], x["overlap"])
-        per[:, 0] = 0  # local rows do not move
-        comb_rows.append(per.ravel())
-        comb_own.append(np.stack(np.meshgrid(np.arange(K[g]), ring[g], indexing="ij"), -1).reshape(-1, 2))
-    comb_rows, comb_own = np.concatenate(comb_rows), np.concatenate(comb_own)
-    comb_src = np.repeat(np.arange(G), K * G)
-    own, idx, rows = _split(comb_rows, cr)
-    src, dst, k = comb_src[own], comb_own[own, 1], comb_own[own, 0]
-    comb = b.add(K_COMBINE, src, peer=dst, nbytes=rows * row_bytes, chunk=k,
-                 prio=_COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G)
-    b.edges(cdone[chunk_base[src] + k], comb)
-
     # Shared experts: one FFN of width Is per GPU over its own tokens (module docstring, "Shared experts").
     tokens = np.asarray(w.tokens_per_gpu, dtype=np.int64)
     Is = w.model.shared_ffn_size
     on = shared != "off" and Is > 0 and tokens.sum() > 0
-    if on:
+
+    def shared_tasks():
+        """The shared experts' GEMM tasks: (GEMM0 ids, GEMM1 ids, GPU of each GEMM1 task)."""
         nb = -(-tokens // tile_rows)  # row blocks per GPU, the last one partial
         sb_gpu = np.repeat(np.arange(G), nb)
         sb_idx = np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)
@@ -475,6 +456,41 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         b.edges(s0, s0done[sown0])
         sown1, s1 = gemm_tasks(K_GEMM1, H, Is, bsz1, 1, **sb)
         b.edges(s0done[sown1], s1)
+        return s0, s1, sb_gpu[sown1]
+
+    # Under `sequential` the shared tiles belong to the GEMM phases, which end at the phase boundary after them
+    # (the kernel: the grid barrier after its GEMM1 pass, whose tickets end with the shared GEMM1 tiles): they are
+    # built before the chunk barriers, which wait for them. Otherwise after the combine (ids as before).
+    if on and seq:
+        s0, s1, s1_gpu = shared_tasks()
+
+    chunk_base = np.concatenate([[0], np.cumsum(K)[:-1]])
+    cdone = b.add(K_BARRIER, np.repeat(np.arange(G), K), delay_ns=boundary_ns if seq else 0,
+                  chunk=np.arange(K.sum()) - np.repeat(chunk_base, K))
+    b.edges(known[np.repeat(np.arange(G), K)], cdone)
+    b.edges(g1, cdone[chunk_base[rb_gpu[own1]] + rb_chunk[own1]])
+    if on and seq:  # every chunk barrier of the GPU (one chunk: K = 1 under sequential)
+        own, k = _ranges(chunk_base[s1_gpu], chunk_base[s1_gpu] + K[s1_gpu] - 1)
+        b.edges(s1[own], cdone[k])
+
+    # Combine: rows of chunk k on g that belong to source s go back to s in transfers of cr rows.
+    comb_own, comb_rows = [], []
+    for g, x in enumerate(geo):
+        per = np.zeros((K[g], G), dtype=np.int64)  # [chunk, ring position]
+        np.add.at(per, rb_chunk[rb_gpu == g], x["overlap"])
+        per[:, 0] = 0  # local rows do not move
+        comb_rows.append(per.ravel())
+        comb_own.append(np.stack(np.meshgrid(np.arange(K[g]), ring[g], indexing="ij"), -1).reshape(-1, 2))
+    comb_rows, comb_own = np.concatenate(comb_rows), np.concatenate(comb_own)
+    comb_src = np.repeat(np.arange(G), K * G)
+    own, idx, rows = _split(comb_rows, cr)
+    src, dst, k = comb_src[own], comb_own[own, 1], comb_own[own, 0]
+    comb = b.add(K_COMBINE, src, peer=dst, nbytes=rows * row_bytes, chunk=k,
+                 prio=_COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G)
+    b.edges(cdone[chunk_base[src] + k], comb)
+
+    if on and not seq:
+        s0, s1, s1_gpu = shared_tasks()
 
     # Weighted reduction at each token's GPU, spread over up to N SM-sized slices.
     rgate = b.add(K_BARRIER, np.arange(G))
@@ -483,7 +499,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     b.edges(cdone, rgate[np.repeat(np.arange(G), K)])
     red_bytes = (w.pair_counts.sum(axis=(1, 2)) + tokens) * row_bytes  # read k rows, write one
     if on:
-        b.edges(s1, rgate[sb_gpu[sown1]])
+        b.edges(s1, rgate[s1_gpu])
         red_bytes = red_bytes + tokens * row_bytes  # and the shared expert's row
     pieces = np.minimum(N, tokens)
     red_gpu = np.repeat(np.arange(G), pieces)
