@@ -35,7 +35,7 @@ from weave_sim.engine import simulate_layer
 from weave_sim.profile import load_profile, profile_from_dict
 from weave_sim.validate import kernel_options, profile_for_result
 
-from .whatif import distinct_dispatch_rows, result_bound_ms, result_workload, results_with_counts
+from .whatif import distinct_dispatch_rows, result_bound_ms, result_workload, results_with_counts, warn_other_kernel
 
 STEPS = ("tiles", "padding", "fixed", "push", "dedup")
 POLICY = "kernel:weave"
@@ -122,6 +122,7 @@ def main(argv=None) -> int:
         data, picked = results_with_counts(args.bench, args.tokens)
     except (ValueError, FileNotFoundError) as exc:
         ap.error(str(exc))
+    warn_other_kernel(data, profile)
     bound_profile = load_profile("h200")
     if args.tile_tflops is not None and args.tile_tflops <= 0:
         ap.error("--tile-tflops must be positive")

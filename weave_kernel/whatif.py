@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +54,8 @@ from weave_sim.engine import simulate_layer
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import load_profile, profile_from_dict
-from weave_sim.validate import (bench_results, kernel_options, profile_for_result, result_placement, result_shared,
-                                result_shared_experts)
+from weave_sim.validate import (bench_results, kernel_options, kernel_sources_warning, profile_for_result,
+                                result_placement, result_shared, result_shared_experts)
 from weave_sim.workload import workload_from_counts
 
 from .routing import result_routing
@@ -155,6 +156,13 @@ def parse_ints(text: str, flag: str) -> list[int]:
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
 
 
+def warn_other_kernel(data: dict, profile) -> None:
+    """On stderr, weave-sim validate's warning when the profile was fitted to other kernel sources than the file's."""
+    w = kernel_sources_warning(data, profile)
+    if w:
+        print(f"warning: {w}", file=sys.stderr)
+
+
 def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]:
     """A benchmark file and its results at the given tokens per GPU (comma-separated; all if empty); ValueError
     unless there is at least one and every one carries the exchanged counts the simulator needs."""
@@ -236,6 +244,7 @@ def main(argv=None) -> int:
         data, picked = results_with_counts(args.bench, args.tokens)
     except ValueError as exc:
         ap.error(str(exc))
+    warn_other_kernel(data, profile)
     cfg = data.get("config", {})
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
     what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",

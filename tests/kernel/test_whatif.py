@@ -237,3 +237,23 @@ def test_whatif_simulates_a_results_fused_shared_expert():
     assert whatif_result({**shared, "shared": "off"}, prof, CFG, variant="gemm:1.5") == off
     with pytest.raises(ValueError, match="not a multiple"):
         result_workload({**shared, "inter_shared": 100})
+
+
+def test_whatif_and_gap_warn_when_the_profile_fits_another_kernel(tmp_path, capsys):
+    """As weave-sim validate does: a profile fitted to other kernel sources than the file measured is named on
+    stderr (the shipped h200-megakernel was fitted to an older kernel), and the table still comes out."""
+    import json
+
+    from weave_kernel import gap, whatif
+    from weave_sim.calibrate import bench_kernel_sources
+
+    fitted = load_profile("h200-megakernel").raw["calibration"]["kernel_sources"]
+    path = tmp_path / "b.json"
+    for sources, warned in [("sha256:0000000000000000", True), (fitted, False)]:
+        path.write_text(json.dumps({"config": CFG, "kernel_sources": {"main": sources}, "results": [_result(2)]}))
+        assert bench_kernel_sources(json.loads(path.read_text())) == sources
+        for tool in (whatif, gap):
+            assert tool.main([str(path), "--profile", "h200-megakernel"]) == 0
+            out, err = capsys.readouterr()
+            assert "simulator (h200-megakernel)" in out
+            assert ("was fitted to kernel sources" in err) == warned, (tool.__name__, sources)
