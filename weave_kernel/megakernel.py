@@ -18,6 +18,7 @@ in the reduction, y = shared(x) + sum_j w_j expert_j(x).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,7 @@ DEFAULT_TIMEOUT_S = 2.0
 
 ERROR_TEXT = {
     1: "topk_ids[pair {0}] = {1} is not a valid expert id",
-    2: "receive buffer overflow on rank {0}: {1} rows needed (max_tokens too small?)",
+    2: "receive buffer overflow on rank {0}: {1} rows needed (max_tokens or recv_capacity too small?)",
     3: "timeout in grid barrier {0} (a CTA never arrived)",
     4: "timeout waiting for the expert counts of rank {0} (is every rank calling the layer?)",
     5: "timeout waiting for the rows of row block {0} from rank {1}",
@@ -49,6 +50,18 @@ ERROR_TEXT = {
     9: "timeout waiting for GEMM0 of the shared expert's row block {0} (column block {1})",
     10: "timeout waiting for the shared expert's GEMM1 tiles ({1} expected) before the reduction",
 }
+ERR_RECV_OVERFLOW = 2  # kErrRecvOverflow (csrc/params.h)
+
+
+class ReceiveOverflow(RuntimeError):
+    """A call's routing sends some rank more rows than its receive buffer holds (MoEMegakernel's recv_capacity).
+    Raised on every rank alike; `owner` is the rank that would overflow, `rows` the rows it would need."""
+
+    def __init__(self, msg: str, *, owner: int, rows: int):
+        super().__init__(msg)
+        self.owner, self.rows = owner, rows
+
+
 SHARED_ORDERS = ("first", "last")  # where the shared expert's tiles sit in the ticket order (Params::shared_first)
 
 
@@ -88,11 +101,25 @@ class BufferPlan:
     total_bytes: int
 
 
-def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_tokens: int) -> BufferPlan:
-    """Worst case: every pair of every rank lands on one owner, plus one partial row block per local expert
-    (an expert's rows from all sources are packed, then padded once). One row flag per (row block, source)."""
+def recv_pairs_of(world: int, max_tokens: int, top_k: int, recv_capacity: int | None) -> int:
+    """The (token, expert) pairs one rank's receive buffer holds: recv_capacity, or the worst case world x
+    max_tokens x top_k (every pair of every rank on one owner) when None; checked, and never above the worst case."""
+    worst = world * max_tokens * top_k
+    if recv_capacity is None:
+        return worst
+    if isinstance(recv_capacity, bool) or not isinstance(recv_capacity, numbers.Integral) or recv_capacity < 1:
+        raise ValueError(f"recv_capacity must be a positive integer (pairs a rank receives per call), got "
+                         f"{recv_capacity!r}")
+    return min(int(recv_capacity), worst)
+
+
+def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_tokens: int,
+                 recv_capacity: int | None = None) -> BufferPlan:
+    """Receive rows for recv_capacity pairs (default the worst case: every pair of every rank lands on one owner)
+    plus one partial row block per local expert (an expert's rows from all sources are packed, then padded once).
+    One row flag per (row block, source)."""
     num_local = num_experts // world
-    rows = world * max_tokens * top_k + num_local * (BLOCK_M - 1)
+    rows = recv_pairs_of(world, max_tokens, top_k, recv_capacity) + num_local * (BLOCK_M - 1)
     rows = (rows + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     blocks = rows // BLOCK_M
     off = 0
@@ -113,14 +140,15 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
 
 
 def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, world: int, max_tokens: int,
-                    shared_inter: int = 0, num_ctas: int = 132, timeline_per_cta: int = 0) -> dict[str, int]:
+                    shared_inter: int = 0, num_ctas: int = 132, timeline_per_cta: int = 0,
+                    recv_capacity: int | None = None) -> dict[str, int]:
     """Bytes of device memory one MoEMegakernel allocates on each rank, by part: "symmetric" (the buffer the peers
     write into: received rows, combine rows, flags), "h" (the SwiGLU outputs of every received row), "shared" (the
     shared expert's scratch), "other" (pair lists, counters, tables, timeline) and "total". Nothing here depends on
     the weights: calls run one after another, so one object serves every layer of its geometry (WeaveMoE's
     kernel=, hf.replace_moe_blocks shares one per geometry). `MoEMegakernel.workspace_bytes()` sums what an
     object did allocate; the GPU tests check that the two agree."""
-    plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens)
+    plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens, recv_capacity)
     ns = max_tokens if shared_inter else 1
     shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
     other = (4 * 2 * num_experts                      # expert_ctr
@@ -176,7 +204,8 @@ class MoEMegakernel:
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
-                 num_ctas: int | None = None, dispatch: str = "threads", shared_inter: int = 0):
+                 num_ctas: int | None = None, dispatch: str = "threads", shared_inter: int = 0,
+                 recv_capacity: int | None = None):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
         package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
         (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
@@ -184,7 +213,13 @@ class MoEMegakernel:
         rows, "threads" (all threads, 16-byte loads and stores) or "bulk" / "bulk:W" (bulk copies through the CTA's
         operand stages issued by W warps, csrc/bulk_copy.cuh; measured on one GPU only, docs/kernel.md).
         `shared_inter`: the shared expert's FFN width Is (num_shared_experts x I for the presets; 0: none), which
-        sizes its scratch; calls may then pass `shared=(w13s, w2s)`."""
+        sizes its scratch; calls may then pass `shared=(w13s, w2s)`.
+        `recv_capacity`: the (token, expert) pairs this rank can receive in one call, from every rank, its own
+        included (default world x max_tokens x top_k: every pair of every rank, so a call never overflows). The
+        receive rows and the SwiGLU scratch are sized by it, the largest part of the buffers at EP >= 2; e.g.
+        2 x max_tokens x top_k holds twice a balanced load. A call whose routing sends some rank more raises
+        ReceiveOverflow on every rank before any row moves; with check=True (or VirtualRanks' check) the layer
+        stays usable, so the caller can split the batch and call again."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -227,10 +262,12 @@ class MoEMegakernel:
         self.owner_experts = torch.as_tensor(owner_experts, dtype=torch.int32, device=dev).contiguous()
 
         self.placement = placement
-        self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens)
+        self.recv_capacity = recv_pairs_of(self.world, max_tokens, top_k, recv_capacity)
+        self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens, recv_capacity)
         self._check_memory(workspace_bytes(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                            world=self.world, max_tokens=max_tokens, shared_inter=shared_inter,
-                                           num_ctas=self.num_ctas, timeline_per_cta=timeline_per_cta))
+                                           num_ctas=self.num_ctas, timeline_per_cta=timeline_per_cta,
+                                           recv_capacity=recv_capacity))
         self._alloc_symmetric(self.plan.total_bytes)
         i32 = dict(dtype=torch.int32, device=dev)
         self.expert_ctr = torch.zeros(2 * num_experts, **i32)  # the kernel clears the parity the next call uses
@@ -384,7 +421,7 @@ class MoEMegakernel:
             self.epoch -= 1
             raise
         if check:
-            self.raise_if_error()
+            self.raise_if_error(_just_called=True)
         return y
 
     def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool, shared=None,
@@ -444,9 +481,21 @@ class MoEMegakernel:
         self.hs.fill_(float("nan"))
         self.ys.fill_(float("nan"))
 
-    def raise_if_error(self) -> None:
-        """Synchronise and raise RuntimeError if the kernel flagged an error (the layer is then unusable)."""
+    def raise_if_error(self, _just_called: bool = False) -> None:
+        """Synchronise and raise RuntimeError if the kernel flagged an error (the layer is then unusable).
+        The exception: a receive overflow found by the check of the call that overflowed (__call__'s check=True,
+        VirtualRanks' check; `_just_called`) raises ReceiveOverflow and leaves the layer usable. Every rank finds
+        it from the same gathered counts before any row moves, and the call leaves every counter as a finished
+        call does. After further calls (check=False, graph replays) those would have started on the raised error
+        word, so there the layer is unusable as after any error."""
         err = self.err.cpu().tolist()
+        if err[0] == ERR_RECV_OVERFLOW and _just_called:
+            self.err.zero_()
+            raise ReceiveOverflow(
+                f"rank {self.rank}: " + ERROR_TEXT[ERR_RECV_OVERFLOW].format(err[2], err[3])
+                + f"; this layer receives at most {self.plan.recv_cap_rows} rows (recv_capacity {self.recv_capacity} "
+                  f"pairs, plus a partial 128-row block per local expert): split the batch, or build the layer with a "
+                  f"larger recv_capacity. The layer stays usable.", owner=err[2], rows=err[3])
         if err[0] != 0:
             text = ERROR_TEXT.get(err[0], "unknown error {0} {1}").format(err[2], err[3])
             self.broken = f"rank {self.rank}, CTA {err[1]}: {text}"

@@ -79,7 +79,8 @@ class WeaveMoE(torch.nn.Module):
         """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the kernel call's
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
         raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
-        dispatch, num_ctas, ...; checked by name on either backend, used by the kernel's). policy and shared_order
+        dispatch, num_ctas, recv_capacity (receive buffers below the worst case; a batch that does not fit raises
+        megakernel.ReceiveOverflow and the block stays usable), ...; checked by name on either backend, used by the kernel's). policy and shared_order
         are checked on either backend too, and so are the kernel's geometry limits (weave_kernel.geometry); router=
         replaces the built-in rule, so scoring, norm_topk, routed_scale, score_bias, n_group, topk_group and
         router_dtype must then keep their defaults (a ValueError names any that do not).
@@ -177,7 +178,8 @@ class WeaveMoE(torch.nn.Module):
                 hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, world=self.world,
                 max_tokens=max_tokens, shared_inter=shared_inter,
                 num_ctas=kernel_kwargs.get("num_ctas") or torch.cuda.get_device_properties(dev).multi_processor_count,
-                timeline_per_cta=kernel_kwargs.get("timeline_per_cta", 0)))
+                timeline_per_cta=kernel_kwargs.get("timeline_per_cta", 0),
+                recv_capacity=kernel_kwargs.get("recv_capacity")))
         need["total"] = sum(v for k, v in need.items() if k != "total")
         check_fits(need, dev, group=group, distributed=distributed, world=self.world, rank=self.rank,
                    what="this MoE block's weights and buffers",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .megakernel import DEFAULT_COST_PROFILE, DEFAULT_TIMEOUT_S, SHARED_ORDERS, MoEMegakernel
+from .megakernel import DEFAULT_COST_PROFILE, DEFAULT_TIMEOUT_S, SHARED_ORDERS, MoEMegakernel, ReceiveOverflow
 from .policies import parse_policy
 from .validate import check_layer_inputs, check_shared_weights
 
@@ -41,7 +41,8 @@ class VirtualRanks:
     def __init__(self, world: int, *, hidden: int, inter: int, num_experts: int, top_k: int, placement,
                  max_tokens: int, device=None, ctas_per_rank: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
-                 cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads", shared_inter: int = 0):
+                 cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads", shared_inter: int = 0,
+                 recv_capacity: int | None = None):
         from .build import load_extension
 
         self.world = int(world)
@@ -58,7 +59,8 @@ class VirtualRanks:
             MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=placement,
                           max_tokens=max_tokens, device=self.device, timeout_s=timeout_s,
                           timeline_per_cta=timeline_per_cta, cost_profile=cost_profile, ext=ext,
-                          virtual=(r, self.world), num_ctas=n, dispatch=dispatch, shared_inter=shared_inter)
+                          virtual=(r, self.world), num_ctas=n, dispatch=dispatch, shared_inter=shared_inter,
+                          recv_capacity=recv_capacity)
             for r in range(self.world)
         ]
         for layer in self.layers:
@@ -121,19 +123,28 @@ class VirtualRanks:
             cur.wait_stream(stream)
             y.record_stream(cur)
         if check:
-            self.raise_if_error()
+            self.raise_if_error(_just_called=True)
         return ys
 
-    def raise_if_error(self) -> None:
-        """Synchronise; raise RuntimeError naming every rank whose kernel flagged an error."""
-        msgs = []
+    def raise_if_error(self, _just_called: bool = False) -> None:
+        """Synchronise; raise RuntimeError naming every rank whose kernel flagged an error. A receive overflow
+        found right after the call that overflowed (check=True) raises ReceiveOverflow and leaves the ranks usable,
+        as MoEMegakernel.raise_if_error does (every rank finds it alike)."""
+        msgs, overflows = [], []
         for layer in self.layers:
             try:
-                layer.raise_if_error()
+                layer.raise_if_error(_just_called=_just_called)
+            except ReceiveOverflow as exc:
+                overflows.append((layer, exc))
             except RuntimeError as exc:
                 msgs.append(str(exc))
-        if msgs:
-            raise RuntimeError("; ".join(msgs))
+        if overflows and not msgs and len(overflows) == self.world:
+            first = overflows[0][1]
+            raise ReceiveOverflow("; ".join(str(e) for _, e in overflows), owner=first.owner, rows=first.rows)
+        for layer, exc in overflows:  # not every rank overflowed (or others failed too): unusable, as any error
+            layer.broken = layer.broken or str(exc)
+        if overflows or msgs:
+            raise RuntimeError("; ".join(msgs + [str(e) for _, e in overflows]))
 
     def poison_scratch(self) -> None:
         """NaN into every rank's receive, combine and h rows (between calls)."""

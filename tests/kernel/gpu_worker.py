@@ -383,6 +383,94 @@ def shared_kernel_case(name: str, *, hidden: int, inter: int, num_experts: int, 
     dist.barrier()
 
 
+def capacity_case(name: str, *, hidden: int, inter: int, top_k: int, seed: int) -> None:
+    """A layer built with a receive capacity below the worst case (recv_capacity=400 pairs, max_tokens 512): calls
+    that fit run correctly; a call whose routing sends every pair to rank 0's experts (world x 300 x top_k pairs)
+    raises ReceiveOverflow on every rank, and the next call that fits is correct again (per policy, outputs
+    poisoned); the layer's buffers are smaller than the worst case's. Last, an overflow under check=False found by a
+    later raise_if_error() leaves the layer unusable, as any error does."""
+    from weave_kernel.megakernel import ReceiveOverflow
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    E = 8 * world
+    pl = contiguous(E, world)
+    layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=E, top_k=top_k, placement=pl, max_tokens=512,
+                          dispatch=DISPATCH[0], recv_capacity=400)
+    full = MoEMegakernel(hidden=hidden, inter=inter, num_experts=E, top_k=top_k, placement=pl, max_tokens=512,
+                         dispatch=DISPATCH[0])
+    smaller = layer.workspace_bytes()["total"] < full.workspace_bytes()["total"] and layer.recv_capacity == 400
+    if rank == 0:
+        log(f"     {name}: buffers {layer.workspace_bytes()['total'] / 2**20:.1f} MiB at recv_capacity 400, "
+            f"{full.workspace_bytes()['total'] / 2**20:.1f} MiB for the worst case ({full.recv_capacity} pairs)")
+    del full
+    check_all_ranks(f"{name:<34} smaller buffers", 0.0 if smaller else float("inf"))
+    gen = torch.Generator(device=dev).manual_seed(4000 + seed)
+    w13_all, w2_all = make_weights(E, hidden, inter, device=dev, generator=gen)
+    local = torch.as_tensor(pl.local_experts(rank), device=dev)
+    w13, w2 = w13_all[local].contiguous(), w2_all[local].contiguous()
+
+    def inputs(n: int, s: int, to_rank0: bool):
+        g = torch.Generator().manual_seed(s)
+        if to_rank0:  # every pair onto rank 0's experts
+            ids = torch.stack([torch.randperm(len(pl.local_experts(0)), generator=g)[:top_k] for _ in range(n)])
+            ids = torch.as_tensor(pl.local_experts(0))[ids]
+        else:
+            ids = torch.as_tensor(skewed_routing(n, E, top_k, seed=s, zipf_s=1.2)[0]).long()
+        w = torch.softmax(torch.randn(n, top_k, generator=g), -1)
+        x = torch.randn(n, hidden, generator=g).to(torch.bfloat16)
+        ref = moe_reference(x.to(dev), ids.to(dev), w.to(dev), w13_all, w2_all)
+        return x.to(dev), ids.to(torch.int32).to(dev), w.to(dev), ref
+
+    fit_n = max(1, 100 // world)  # at most 400 pairs in all: fits any routing
+    for i, pol in enumerate(("static:8", "weave", "sequential")):
+        x, ids, w, ref = inputs(fit_n, seed * 101 + i * 7 + rank, False)
+        y = torch.empty(fit_n, hidden, dtype=torch.bfloat16, device=dev)
+        poisoned_run(f"{name:<34} {pol:<10} fits", layer, lambda: layer(x, ids, w, w13, w2, policy=pol, out=y), y, ref)
+        xo, ido, wo, _ = inputs(300, seed * 103 + i * 7 + rank, True)
+        torch.cuda.synchronize()
+        dist.barrier()
+        try:
+            layer(xo, ido, wo, w13, w2, policy=pol)
+            got = "no error"
+        except ReceiveOverflow as exc:
+            got = "overflow" if exc.owner == 0 and exc.rows > layer.plan.recv_cap_rows and layer.broken is None else f"wrong details {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported as a failure below
+            got = f"{type(exc).__name__}: {exc}"
+        every = [None] * world
+        dist.all_gather_object(every, got)
+        ok = all(g == "overflow" for g in every)
+        log(f"{'PASS' if ok else 'FAIL'} {name:<34} {pol:<10} overflow raised on every rank, layer usable: {every}")
+        if not ok:
+            FAILURES.append(f"{name} {pol} overflow")
+            return
+        x, ids, w, ref = inputs(fit_n, seed * 107 + i * 7 + rank, False)
+        y = torch.empty(fit_n, hidden, dtype=torch.bfloat16, device=dev)
+        poisoned_run(f"{name:<34} {pol:<10} fits after the overflow", layer,
+                     lambda: layer(x, ids, w, w13, w2, policy=pol, out=y), y, ref)
+    xo, ido, wo, _ = inputs(300, seed * 109 + rank, True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    layer(xo, ido, wo, w13, w2, policy="static:8", check=False)
+    try:
+        layer.raise_if_error()
+        got = "no error"
+    except ReceiveOverflow as exc:
+        got = f"ReceiveOverflow (should be a plain error here): {exc}"
+    except RuntimeError:
+        got = "broken" if layer.broken else "not marked broken"
+    every = [None] * world
+    dist.all_gather_object(every, got)
+    ok = all(g == "broken" for g in every)
+    log(f"{'PASS' if ok else 'FAIL'} {name:<34} overflow under check=False: layer unusable on every rank: {every}")
+    if not ok:
+        FAILURES.append(f"{name} check=False overflow")
+    expect_refused(f"{name}: recv_capacity 0", lambda: MoEMegakernel(
+        hidden=hidden, inter=inter, num_experts=E, top_k=top_k, placement=pl, max_tokens=512, recv_capacity=0))
+    torch.cuda.synchronize()
+    dist.barrier()
+
+
 CHOICES_CHECKED = [0, 0]  # [agreeing, total] (c*, K*) comparisons, summed over ranks
 
 
@@ -571,6 +659,7 @@ def main() -> int:
     module_case("WeaveMoE deepseek-v3-style", hidden=1024, inter=256, num_experts=16 * world, top_k=8,
                 tokens=[257, 400], shared_inter=256, scoring="sigmoid", norm=True, scale=2.5, bias=True, gated=False,
                 seed=41, n_group=8, topk_group=4, graph=True)
+    capacity_case("receive capacity below the worst case", hidden=1024, inter=256, top_k=4, seed=43)
     shared_kernel_case("one kernel for three blocks", hidden=1024, inter=256, num_experts=8 * world, top_k=4,
                        tokens=[300, 129], shared_inter=512, seed=42)
     cache: dict = {}

@@ -177,6 +177,64 @@ def check_errors(world: int) -> None:
         log(f"PASS G={world} missing peers raise after {time.time() - t0:.2f} s: {exc}")
 
 
+def check_capacity(world: int) -> None:
+    """recv_capacity below the worst case (400 pairs a rank): calls that fit are correct; one that sends every pair
+    to rank 0's experts raises ReceiveOverflow (every rank alike) and the ranks stay usable, per policy."""
+    from weave_kernel.megakernel import ReceiveOverflow
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    H, I, E, k = 1024, 256, 8 * world, 4
+    pl = contiguous(E, world)
+    vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=512,
+                      dispatch=DISPATCH[0], recv_capacity=400)
+    w13_all, w2_all = make_weights(E, H, I, device=dev, generator=torch.Generator(device=dev).manual_seed(4100 + world))
+    w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+    w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+
+    def inputs(n: int, s: int, to_rank0: bool):
+        xs, ids, ws = [], [], []
+        for r in range(world):
+            g = torch.Generator().manual_seed(s * 17 + r)
+            if to_rank0:
+                i = torch.stack([torch.randperm(len(pl.local_experts(0)), generator=g)[:k] for _ in range(n)])
+                i = torch.as_tensor(pl.local_experts(0))[i]
+            else:
+                i = torch.as_tensor(skewed_routing(n, E, k, seed=s * 17 + r, zipf_s=1.2)[0]).long()
+            ws.append(torch.softmax(torch.randn(n, k, generator=g), -1).to(dev))
+            ids.append(i.to(torch.int32).to(dev))
+            xs.append(torch.randn(n, H, generator=g).to(torch.bfloat16).to(dev))
+        return xs, ids, ws
+
+    fit_n = max(1, 100 // world)
+    for j, pol in enumerate(("static:4", "weave", "sequential")):
+        for step in ("fits", "overflows", "fits again"):
+            xs, ids, ws = inputs(300 if step == "overflows" else fit_n, 50 * world + 3 * j + len(step),
+                                 step == "overflows")
+            label = f"G={world} recv_capacity 400 {pol:<10} {step}"
+            outs = [torch.full((x.shape[0], H), float("nan"), dtype=torch.bfloat16, device=dev) for x in xs]
+            vr.poison_scratch()
+            try:
+                ys = vr(xs, ids, ws, w13s, w2s, policy=pol, outs=outs)
+                if step == "overflows":
+                    log(f"FAIL {label}: no ReceiveOverflow")
+                    FAILURES.append(label)
+                    return
+            except ReceiveOverflow as exc:
+                ok = step == "overflows" and exc.owner == 0 and not any(layer.broken for layer in vr.layers)
+                log(f"{'PASS' if ok else 'FAIL'} {label}: {str(exc)[:120]}")
+                if not ok:
+                    FAILURES.append(label)
+                    return
+                continue
+            errs = [rel_err(ys[r], moe_reference(xs[r], ids[r], ws[r], w13_all, w2_all)) for r in range(world)]
+            ok = max(errs) <= TOL
+            log(f"{'PASS' if ok else 'FAIL'} {label} rel_err max {max(errs):.2e}")
+            if not ok:
+                FAILURES.append(label)
+    del vr
+    torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worlds", default="2,3,4,8")
@@ -234,6 +292,7 @@ def main() -> int:
             run_case(vr, "after a refused set_placement", world=world, hidden=2048, inter=768,
                      num_experts=16 * world, top_k=8, tokens=[64, 200], placement=moved, seed=26)
         check_errors(world)
+        check_capacity(world)
         del vr
         torch.cuda.empty_cache()
     log(f"CHOICE AGREEMENT: {CHOICES[0]}/{CHOICES[1]} (rank, call) pairs: kernel (c*, K*) == weave_sim.costmodel.choose")

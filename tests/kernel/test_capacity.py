@@ -1,0 +1,72 @@
+"""recv_capacity: receive buffers below the worst case, and the recoverable ReceiveOverflow (host side, CPU; the
+kernel's side runs in gpu_worker.py and virtual_worker.py)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from weave_kernel import megakernel as mk  # noqa: E402
+from weave_kernel.virtual import VirtualRanks  # noqa: E402
+
+
+def test_capacity_sizes_the_receive_rows():
+    worst = mk.plan_buffers(2048, 64, 8, 4, 4096)
+    assert worst.recv_cap_rows == mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=None).recv_cap_rows
+    two = mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=2 * 4096 * 8)  # twice a balanced load
+    assert two.recv_cap_rows == -(-(2 * 4096 * 8 + 16 * 127) // 128) * 128
+    assert mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=10**9) == worst  # never above the worst case
+    a = mk.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096)
+    b = mk.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096,
+                           recv_capacity=2 * 4096 * 8)
+    assert b["total"] < 0.4 * a["total"]  # DeepSeek-V3 at EP=8: the receive rows are most of the buffers
+    for bad in (0, -5, 2.5, True, "100"):
+        with pytest.raises(ValueError, match="recv_capacity must be a positive integer"):
+            mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=bad)
+
+
+def _host_layer(code: int, rank: int = 0) -> mk.MoEMegakernel:
+    """A MoEMegakernel's host state only (no GPU): an error word as the kernel leaves it."""
+    layer = object.__new__(mk.MoEMegakernel)
+    layer.err = torch.tensor([code, 5, 1, 2400], dtype=torch.int32)
+    layer.rank, layer.broken, layer.recv_capacity = rank, None, 400
+    layer.plan = mk.plan_buffers(1024, 16, 4, 2, 512, recv_capacity=400)
+    return layer
+
+
+def test_an_overflow_checked_by_its_own_call_leaves_the_layer_usable():
+    layer = _host_layer(mk.ERR_RECV_OVERFLOW)
+    with pytest.raises(mk.ReceiveOverflow, match="rank 1: 2400 rows needed.*at most 1536 rows.*stays usable") as ei:
+        layer.raise_if_error(_just_called=True)
+    assert (ei.value.owner, ei.value.rows) == (1, 2400)
+    assert layer.broken is None and int(layer.err.abs().sum()) == 0
+    layer.raise_if_error()  # nothing left to report
+
+
+def test_an_overflow_found_later_is_an_error_like_any_other():
+    layer = _host_layer(mk.ERR_RECV_OVERFLOW)
+    with pytest.raises(RuntimeError, match="receive buffer overflow") as ei:
+        layer.raise_if_error()  # after check=False calls (or graph replays): other calls started on the error word
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and layer.broken
+    other = _host_layer(5)  # a timeout is never recoverable
+    with pytest.raises(RuntimeError, match="timeout waiting for the rows") as ei:
+        other.raise_if_error(_just_called=True)
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and other.broken
+
+
+def _virtual(codes):
+    vr = object.__new__(VirtualRanks)
+    vr.layers = [_host_layer(c, rank=r) for r, c in enumerate(codes)]
+    vr.world = len(codes)
+    return vr
+
+
+def test_virtual_ranks_recover_only_when_every_rank_overflowed():
+    vr = _virtual([mk.ERR_RECV_OVERFLOW] * 3)
+    with pytest.raises(mk.ReceiveOverflow):
+        vr.raise_if_error(_just_called=True)
+    assert not any(layer.broken for layer in vr.layers)
+    vr = _virtual([mk.ERR_RECV_OVERFLOW, 0, mk.ERR_RECV_OVERFLOW])  # not every rank: the ranks disagree
+    with pytest.raises(RuntimeError) as ei:
+        vr.raise_if_error(_just_called=True)
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and vr.layers[0].broken and vr.layers[2].broken
