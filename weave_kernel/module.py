@@ -75,7 +75,8 @@ class WeaveMoE(torch.nn.Module):
                  router: Callable | None = None, n_group: int = 1, topk_group: int = 1,
                  router_dtype: torch.dtype = torch.float32,
                  shared_inter: int = 0, shared_gate: bool = False,
-                 shared_order: str = "last", check: bool = True, kernel=None, **kernel_kwargs):
+                 shared_order: str = "last", check: bool = True, kernel=None, on_overflow: str = "split",
+                 **kernel_kwargs):
         """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the kernel call's
         host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
         raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
@@ -84,6 +85,12 @@ class WeaveMoE(torch.nn.Module):
         are checked on either backend too, and so are the kernel's geometry limits (weave_kernel.geometry); router=
         replaces the built-in rule, so scoring, norm_topk, routed_scale, score_bias, n_group, topk_group and
         router_dtype must then keep their defaults (a ValueError names any that do not).
+
+        on_overflow (kernel backend, check=True): what a forward does when its batch does not fit the receive buffers
+        (a kernel built with recv_capacity below the worst case raises megakernel.ReceiveOverflow on every rank):
+        "split" runs it again as two halves (each rank halves its own rows, so the ranks stay in step; again if a
+        half does not fit), "raise" lets the exception through. With check=False an overflow is only found by
+        raise_if_error(), and the kernel is then unusable.
 
         kernel: run this block on an existing MoEMegakernel (or another WeaveMoE's) instead of building one. A
         MoEMegakernel holds no weights, only its buffers (about world x max_tokens x top_k rows of H and I per rank:
@@ -122,6 +129,8 @@ class WeaveMoE(torch.nn.Module):
                             f"got {router_dtype!r}")
         if not math.isfinite(float(routed_scale)):
             raise ValueError(f"routed_scale must be finite, got {routed_scale}")
+        if on_overflow not in ("split", "raise"):
+            raise ValueError(f"on_overflow must be 'split' or 'raise', got {on_overflow!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if scoring not in SCORINGS:
@@ -159,6 +168,7 @@ class WeaveMoE(torch.nn.Module):
         self.shared_inter, self.shared_order = int(shared_inter), shared_order
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
+        self.on_overflow = on_overflow
         self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
         dev = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
@@ -318,8 +328,7 @@ class WeaveMoE(torch.nn.Module):
         scale = torch.sigmoid(flat.float() @ self.shared_gate.t()).squeeze(1).contiguous() \
             if self.shared_gate is not None else None
         if self.backend == "kernel":
-            y = self.layer(flat, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
-                           shared_order=self.shared_order, shared_scale=scale, check=self.check)
+            y = self._kernel_call(flat, ids, w, shared, scale)
         else:  # the kernel's per-call contract, so code tested here runs on the kernel backend unchanged
             check_layer_inputs(flat, ids, w, self.w13, self.w2, hidden=self.hidden, inter=self.inter,
                                num_experts=self.num_experts, num_local_experts=len(self.local), top_k=self.top_k,
@@ -327,6 +336,22 @@ class WeaveMoE(torch.nn.Module):
             y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
                                  shared=shared, shared_scale=scale)
         return y.reshape(x.shape)
+
+    def _kernel_call(self, x, ids, w, shared, scale, depth: int = 0) -> torch.Tensor:
+        """One kernel call; a batch that overflows the receive buffers runs again as two halves (on_overflow
+        "split"). Every rank finds an overflow alike, so every rank splits, and the ranks' calls stay paired."""
+        from .megakernel import ReceiveOverflow
+
+        try:
+            return self.layer(x, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
+                              shared_order=self.shared_order, shared_scale=scale, check=self.check)
+        except ReceiveOverflow:
+            if self.on_overflow != "split" or depth >= 16:
+                raise
+        h = (x.shape[0] + 1) // 2
+        parts = [self._kernel_call(x[a:b], ids[a:b], w[a:b], shared, None if scale is None else scale[a:b], depth + 1)
+                 for a, b in ((0, h), (h, x.shape[0]))]
+        return torch.cat(parts)
 
     def raise_if_error(self) -> None:
         """After forwards with check=False: synchronise and raise if the kernel flagged an error (kernel backend)."""

@@ -448,6 +448,30 @@ def capacity_case(name: str, *, hidden: int, inter: int, top_k: int, seed: int) 
         y = torch.empty(fit_n, hidden, dtype=torch.bfloat16, device=dev)
         poisoned_run(f"{name:<34} {pol:<10} fits after the overflow", layer,
                      lambda: layer(x, ids, w, w13, w2, policy=pol, out=y), y, ref)
+    # WeaveMoE on such a kernel splits a batch that does not fit (on_overflow="split"): every pair to rank 0's experts
+    from weave_kernel.module import WeaveMoE
+
+    own0 = torch.as_tensor(pl.local_experts(0), device=dev)
+
+    def to_rank0(x):
+        n = x.shape[0]
+        sel = (torch.arange(n, device=dev)[:, None] + torch.arange(top_k, device=dev)[None, :]) % own0.numel()
+        return own0[sel].to(torch.int32), torch.softmax(x[:, :top_k].float(), -1)
+
+    for pol in ("weave", "static:8"):
+        for mode in ("split", "raise"):
+            blk = WeaveMoE(hidden=hidden, inter=inter, num_experts=E, top_k=top_k, max_tokens=512, policy=pol,
+                           router=to_rank0, on_overflow=mode, recv_capacity=400)
+            blk.load_experts(w13_all[:, :inter], w13_all[:, inter:], w2_all)
+            x = torch.randn(300, hidden, generator=torch.Generator().manual_seed(seed * 113 + rank))
+            x = x.to(torch.bfloat16).to(dev)
+            if mode == "split":
+                ids0, w0 = to_rank0(x)
+                y = torch.empty(300, hidden, dtype=torch.bfloat16, device=dev)
+                poisoned_run(f"{name:<34} WeaveMoE {pol} splits an overflowing batch", blk.layer,
+                             lambda: y.copy_(blk(x)), y, moe_reference(x, ids0, w0, w13_all, w2_all))
+            else:
+                expect_refused(f"{name}: WeaveMoE {pol} on_overflow='raise'", lambda: blk(x), ReceiveOverflow)
     xo, ido, wo, _ = inputs(300, seed * 109 + rank, True)
     torch.cuda.synchronize()
     dist.barrier()

@@ -70,3 +70,30 @@ def test_virtual_ranks_recover_only_when_every_rank_overflowed():
     with pytest.raises(RuntimeError) as ei:
         vr.raise_if_error(_just_called=True)
     assert not isinstance(ei.value, mk.ReceiveOverflow) and vr.layers[0].broken and vr.layers[2].broken
+
+
+def test_weavemoe_splits_a_batch_that_overflows():
+    """on_overflow="split": a forward whose batch overflows runs again as halves, recursively, and returns the rows in
+    order (a stand-in kernel here that overflows above 3 rows); "raise" lets ReceiveOverflow through."""
+    from weave_kernel.module import WeaveMoE
+
+    calls = []
+
+    def fake_layer(x, ids, w, w13, w2, **kw):
+        calls.append(x.shape[0])
+        if x.shape[0] > 3:
+            raise mk.ReceiveOverflow("too many", owner=0, rows=x.shape[0])
+        return x * 2
+
+    m = WeaveMoE(hidden=64, inter=64, num_experts=4, top_k=2, max_tokens=16, backend="torch")
+    m.layer = fake_layer
+    x = torch.arange(10 * 64, dtype=torch.float32).view(10, 64)
+    ids = torch.zeros(10, 2, dtype=torch.int32)
+    y = m._kernel_call(x, ids, ids.float(), None, torch.arange(10.0))
+    assert torch.equal(y, x * 2)
+    assert calls == [10, 5, 3, 2, 5, 3, 2]  # 10 -> 5 + 5, each 5 -> 3 + 2
+    m.on_overflow = "raise"
+    with pytest.raises(mk.ReceiveOverflow):
+        m._kernel_call(x, ids, ids.float(), None, None)
+    with pytest.raises(ValueError, match="on_overflow must be"):
+        WeaveMoE(hidden=64, inter=64, num_experts=4, top_k=2, max_tokens=16, backend="torch", on_overflow="retry")
