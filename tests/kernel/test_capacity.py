@@ -97,3 +97,26 @@ def test_weavemoe_splits_a_batch_that_overflows():
         m._kernel_call(x, ids, ids.float(), None, None)
     with pytest.raises(ValueError, match="on_overflow must be"):
         WeaveMoE(hidden=64, inter=64, num_experts=4, top_k=2, max_tokens=16, backend="torch", on_overflow="retry")
+
+
+def test_memory_planner(capsys):
+    """python -m weave_kernel.memory: the routed experts' share, the shared experts, the routers and one kernel's
+    buffers per GPU; bad arguments get a usage line."""
+    from weave_kernel.memory import main, moe_memory
+    from weave_sim.presets import get_model
+
+    m = get_model("deepseek-v2-lite")  # 26 MoE layers, 64 experts, H 2048, I 1408, 2 shared experts
+    r = moe_memory(m, 4, 4096)
+    assert r["routed"] == 26 * 16 * 3 * 1408 * 2048 * 2 and r["shared"] == 26 * 3 * 2816 * 2048 * 2
+    assert r["buffers"] == mk.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
+                                              max_tokens=4096, shared_inter=2816)["total"]
+    assert r["total_kernel_per_layer"] - r["total"] == 25 * r["buffers"]
+    assert moe_memory(m, 4, 4096, recv_factor=2)["buffers"] < r["buffers"]
+    assert main(["--models", "deepseek-v2-lite", "--gpus", "1,8"]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v2-lite" in out and out.count("\n") == 4
+    for argv, msg in ((["--gpus", "x"], "comma-separated integers"), (["--models", "nope"], "unknown model"),
+                      (["--recv-factor", "0"], "must be > 0")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert msg in capsys.readouterr().err

@@ -1,0 +1,83 @@
+"""GPU memory of a model's MoE layers on the megakernel, per GPU, by expert-parallel size: this GPU's routed experts,
+the shared experts and routers of every MoE layer (bf16 experts, fp32 routers, as WeaveMoE holds them), and the
+buffers of one MoEMegakernel, which every layer of the geometry shares (WeaveMoE(kernel=), hf.replace_moe_blocks),
+against one kernel per layer. Attention, embeddings, activations and the KV cache are not counted.
+
+    python -m weave_kernel.memory --models deepseek-v3,qwen3-30b-a3b --gpus 1,2,4,8 --max-tokens 4096
+    python -m weave_kernel.memory --models custom:E=64:k=4:H=2048:I=1024:layers=24 --recv-factor 2
+
+--recv-factor F sizes the receive rows for F times a balanced load (recv_capacity = F x max_tokens x top_k; default
+the worst case, every pair of every rank on one GPU). Needs no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+
+from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
+
+from .geometry import check_geometry
+from .megakernel import workspace_bytes
+
+GIB = 2**30
+
+
+def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = None, num_ctas: int = 132) -> dict:
+    """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`."""
+    H, I, E, k, L = model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, model.num_moe_layers
+    Is = model.num_shared_experts * I
+    check_geometry(H, I, E, k, world, world, Is)
+    cap = None if recv_factor is None else max(1, int(recv_factor * max_tokens * k))
+    buf = workspace_bytes(hidden=H, inter=I, num_experts=E, top_k=k, world=world, max_tokens=max_tokens,
+                          shared_inter=Is, num_ctas=num_ctas, recv_capacity=cap)["total"]
+    out = {"routed": L * (E // world) * 3 * I * H * 2, "shared": L * 3 * Is * H * 2,
+           "routers": L * E * (H + 1) * 4, "buffers": buf}
+    out["total"] = sum(out.values())
+    out["total_kernel_per_layer"] = out["total"] + (L - 1) * buf
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(WEAVE_EVAL_MODELS),
+                    help="presets (weave-sim models) or custom:E=..:k=..:H=..:I=..:layers=.. specs, comma-separated")
+    ap.add_argument("--gpus", default="1,2,4,8", help="expert-parallel sizes, comma-separated")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="tokens per GPU per call (MoEMegakernel max_tokens)")
+    ap.add_argument("--recv-factor", type=float, default=None,
+                    help="receive rows for this many times a balanced load (default: the worst case)")
+    ap.add_argument("--gpu-gib", type=float, default=139.0, help="memory per GPU in GiB (an H200 as torch sees it)")
+    args = ap.parse_args(argv)
+    try:
+        gpus = [int(g) for g in args.gpus.split(",") if g]
+    except ValueError:
+        ap.error(f"--gpus {args.gpus!r}: comma-separated integers")
+    if not gpus or min(gpus) < 1:
+        ap.error("--gpus: at least one size, each >= 1")
+    if args.max_tokens < 1:
+        ap.error("--max-tokens must be >= 1")
+    if args.recv_factor is not None and not args.recv_factor > 0:
+        ap.error("--recv-factor must be > 0")
+    try:
+        models = [get_model(m) for m in args.models.split(",") if m]
+    except (KeyError, ValueError) as exc:
+        ap.error(str(exc).strip("'\""))
+    recv = "worst case" if args.recv_factor is None else f"{args.recv_factor:g} x a balanced load"
+    print(f"# MoE layers only (no attention, embeddings, KV cache), GiB per GPU, max_tokens {args.max_tokens}, receive "
+          f"rows for the {recv}; fits: total <= {args.gpu_gib:g} GiB")
+    print(f"{'model':<22}{'EP':>4}{'layers':>7}{'experts/GPU':>12}{'routed':>9}{'shared':>8}{'routers':>8}"
+          f"{'buffers':>9}{'total':>9}{'fits':>6}{'a kernel per layer':>20}")
+    for m in models:
+        for g in gpus:
+            try:
+                r = moe_memory(m, g, args.max_tokens, args.recv_factor)
+            except ValueError as exc:
+                print(f"{m.name:<22}{g:>4}  -  {exc}")
+                continue
+            fits = "yes" if r["total"] <= args.gpu_gib * GIB else "no"
+            print(f"{m.name:<22}{g:>4}{m.num_moe_layers:>7}{m.num_experts // g:>12}{r['routed'] / GIB:>9.1f}"
+                  f"{r['shared'] / GIB:>8.2f}{r['routers'] / GIB:>8.2f}{r['buffers'] / GIB:>9.2f}{r['total'] / GIB:>9.1f}"
+                  f"{fits:>6}{r['total_kernel_per_layer'] / GIB:>20.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
