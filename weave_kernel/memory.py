@@ -12,6 +12,7 @@ the worst case, every pair of every rank on one GPU). Needs no GPU.
 from __future__ import annotations
 
 import argparse
+import math
 
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 
@@ -26,6 +27,8 @@ def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = N
     H, I, E, k, L = model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, model.num_moe_layers
     Is = model.num_shared_experts * I
     check_geometry(H, I, E, k, world, world, Is)
+    if recv_factor is not None and not 0 < recv_factor < math.inf:
+        raise ValueError(f"recv_factor must be a finite number > 0, got {recv_factor}")
     cap = None if recv_factor is None else max(1, int(recv_factor * max_tokens * k))
     buf = workspace_bytes(hidden=H, inter=I, num_experts=E, top_k=k, world=world, max_tokens=max_tokens,
                           shared_inter=Is, num_ctas=num_ctas, recv_capacity=cap)["total"]
@@ -54,26 +57,31 @@ def main(argv=None) -> int:
         ap.error("--gpus: at least one size, each >= 1")
     if args.max_tokens < 1:
         ap.error("--max-tokens must be >= 1")
-    if args.recv_factor is not None and not args.recv_factor > 0:
-        ap.error("--recv-factor must be > 0")
+    if args.recv_factor is not None and not 0 < args.recv_factor < math.inf:
+        ap.error("--recv-factor must be a finite number > 0")
+    if not 0 < args.gpu_gib < math.inf:
+        ap.error("--gpu-gib must be a finite number > 0")
     try:
         models = [get_model(m) for m in args.models.split(",") if m]
     except (KeyError, ValueError) as exc:
         ap.error(str(exc).strip("'\""))
+    if not models:
+        ap.error("--models: at least one model")
+    w = max(22, *(len(m.name) + 2 for m in models))  # custom specs are longer than the presets' names
     recv = "worst case" if args.recv_factor is None else f"{args.recv_factor:g} x a balanced load"
     print(f"# MoE layers only (no attention, embeddings, KV cache), GiB per GPU, max_tokens {args.max_tokens}, receive "
           f"rows for the {recv}; fits: total <= {args.gpu_gib:g} GiB")
-    print(f"{'model':<22}{'EP':>4}{'layers':>7}{'experts/GPU':>12}{'routed':>9}{'shared':>8}{'routers':>8}"
+    print(f"{'model':<{w}}{'EP':>4}{'layers':>7}{'experts/GPU':>12}{'routed':>9}{'shared':>8}{'routers':>8}"
           f"{'buffers':>9}{'total':>9}{'fits':>6}{'a kernel per layer':>20}")
     for m in models:
         for g in gpus:
             try:
                 r = moe_memory(m, g, args.max_tokens, args.recv_factor)
             except ValueError as exc:
-                print(f"{m.name:<22}{g:>4}  -  {exc}")
+                print(f"{m.name:<{w}}{g:>4}  -  {exc}")
                 continue
             fits = "yes" if r["total"] <= args.gpu_gib * GIB else "no"
-            print(f"{m.name:<22}{g:>4}{m.num_moe_layers:>7}{m.num_experts // g:>12}{r['routed'] / GIB:>9.1f}"
+            print(f"{m.name:<{w}}{g:>4}{m.num_moe_layers:>7}{m.num_experts // g:>12}{r['routed'] / GIB:>9.1f}"
                   f"{r['shared'] / GIB:>8.2f}{r['routers'] / GIB:>8.2f}{r['buffers'] / GIB:>9.2f}{r['total'] / GIB:>9.1f}"
                   f"{fits:>6}{r['total_kernel_per_layer'] / GIB:>20.1f}")
     return 0

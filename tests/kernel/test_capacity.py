@@ -116,7 +116,28 @@ def test_memory_planner(capsys):
     out = capsys.readouterr().out
     assert "deepseek-v2-lite" in out and out.count("\n") == 4
     for argv, msg in ((["--gpus", "x"], "comma-separated integers"), (["--models", "nope"], "unknown model"),
-                      (["--recv-factor", "0"], "must be > 0")):
+                      (["--recv-factor", "0"], "number > 0")):
         with pytest.raises(SystemExit):
             main(argv)
         assert msg in capsys.readouterr().err
+
+
+def test_memory_planner_refuses_odd_arguments(capsys):
+    """--recv-factor inf was an OverflowError traceback; --gpu-gib 0, negative or nan marked every row 'no'; --models
+    ',' printed a header without rows; a custom spec's name no longer shifts its row out of the columns."""
+    from weave_kernel.memory import main, moe_memory
+    from weave_sim.presets import get_model
+
+    for argv, msg in ((["--recv-factor", "inf"], "--recv-factor must be a finite number > 0"),
+                      (["--gpu-gib", "0"], "--gpu-gib must be a finite number > 0"),
+                      (["--gpu-gib", "-1"], "--gpu-gib must be"), (["--gpu-gib", "nan"], "--gpu-gib must be"),
+                      (["--models", ","], "--models: at least one model")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert msg in capsys.readouterr().err
+    with pytest.raises(ValueError, match="recv_factor must be a finite number"):
+        moe_memory(get_model("qwen3-30b-a3b"), 8, 4096, recv_factor=float("inf"))
+    spec = "custom:E=64:k=4:H=2048:I=1024:layers=24"
+    assert main(["--models", f"{spec},qwen3-30b-a3b", "--gpus", "8"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()[1:]
+    assert len(rows) == 2 and all(line[header.index("EP") + 1] == "8" for line in rows)  # EP under its header
