@@ -97,15 +97,16 @@ class WeaveMoE(torch.nn.Module):
         megakernel.workspace_bytes), and a model's blocks run one after another, so all blocks of one geometry can
         share one: the memory of one layer's buffers instead of one per layer. It must match this block (hidden,
         inter, experts, top_k, max_tokens, placement, group, device; shared_inter equal, or 0 here); its options
-        (kernel_kwargs) are the ones it was built with, so none may be passed with it. set_placement() on a shared
-        kernel moves the experts of every block on it."""
+        (kernel_kwargs) are the ones it was built with, so none may be passed with it. set_placement() on a kernel
+        changes the placement of every block on it, but not the experts the blocks loaded: their forwards then raise
+        RuntimeError (build them again with the new placement)."""
         super().__init__()
         import torch.distributed as dist
 
         from weave_sim.placement import contiguous
 
-        from .megakernel import SHARED_ORDERS, MoEMegakernel, check_fits, workspace_bytes
-        from .policies import parse_policy
+        from .megakernel import SHARED_ORDERS, MoEMegakernel, check_fits, recv_pairs_of, workspace_bytes
+        from .policies import dispatch_issuers, parse_policy
 
         for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),
                             ("top_k", top_k, 1), ("max_tokens", max_tokens, 1), ("shared_inter", shared_inter, 0),
@@ -121,6 +122,10 @@ class WeaveMoE(torch.nn.Module):
         if unknown:
             raise TypeError(f"WeaveMoE got unexpected keyword arguments {unknown}; besides its own it takes "
                             f"MoEMegakernel's {sorted(kernel_args)}")
+        if "recv_capacity" in kernel_kwargs:  # its value too, so that a block tested on the torch backend builds
+            recv_pairs_of(1, max_tokens, top_k, kernel_kwargs["recv_capacity"])
+        if "dispatch" in kernel_kwargs:
+            dispatch_issuers(kernel_kwargs["dispatch"])
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
         parse_policy(policy, 1 << 30)  # its syntax here; its C against the grid once the kernel layer exists
@@ -328,6 +333,7 @@ class WeaveMoE(torch.nn.Module):
         scale = torch.sigmoid(flat.float() @ self.shared_gate.t()).squeeze(1).contiguous() \
             if self.shared_gate is not None else None
         if self.backend == "kernel":
+            self._check_kernel_placement()
             y = self._kernel_call(flat, ids, w, shared, scale)
         else:  # the kernel's per-call contract, so code tested here runs on the kernel backend unchanged
             check_layer_inputs(flat, ids, w, self.w13, self.w2, hidden=self.hidden, inter=self.inter,
@@ -336,6 +342,18 @@ class WeaveMoE(torch.nn.Module):
             y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
                                  shared=shared, shared_scale=scale)
         return y.reshape(x.shape)
+
+    def _check_kernel_placement(self) -> None:
+        """Refuse a forward after the kernel's placement changed (MoEMegakernel.set_placement, e.g. through another
+        block on a shared kernel): this block's w13 / w2 hold the experts of the placement it was built with."""
+        kp = self.layer.placement
+        if kp is self.placement:
+            return
+        if not _same_placement(kp, self.placement, self.world):
+            raise RuntimeError("this block's experts were loaded for the placement it was built with, and its kernel's "
+                               "placement has changed since (MoEMegakernel.set_placement): build the block again with "
+                               "placement=kernel.placement and load its experts")
+        self.placement = kp  # the same placement as another object: compared once
 
     def _kernel_call(self, x, ids, w, shared, scale, depth: int = 0) -> torch.Tensor:
         """One kernel call; a batch that overflows the receive buffers runs again as two halves (on_overflow
@@ -369,6 +387,11 @@ def _full_device(d) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
 
 
+def _same_placement(a, b, world: int) -> bool:
+    """Whether placements a and b give every rank the same experts in the same local order."""
+    return all(list(a.local_experts(g)) == list(b.local_experts(g)) for g in range(world))
+
+
 def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, top_k: int, max_tokens: int,
                         shared_inter: int, placement, world: int, group, device):
     """The MoEMegakernel of `kernel` (a MoEMegakernel, or a WeaveMoE on the kernel backend) if a block of this geometry
@@ -399,8 +422,7 @@ def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, to
         raise ValueError("kernel= was built on another process group than this block's group=")
     if _full_device(device) != _full_device(kernel.device):
         raise ValueError(f"kernel= lives on {kernel.device}, this block on {device}")
-    kp = kernel.placement
-    if [list(kp.local_experts(g)) for g in range(world)] != [list(placement.local_experts(g)) for g in range(world)]:
+    if not _same_placement(kernel.placement, placement, world):
         raise ValueError("kernel= places the experts differently from this block's placement (every block on one "
                          "kernel has the same placement: pass placement=kernel.placement, or build another kernel)")
     return kernel

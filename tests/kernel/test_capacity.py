@@ -141,3 +141,18 @@ def test_memory_planner_refuses_odd_arguments(capsys):
     assert main(["--models", f"{spec},qwen3-30b-a3b", "--gpus", "8"]) == 0
     header, *rows = capsys.readouterr().out.splitlines()[1:]
     assert len(rows) == 2 and all(line[header.index("EP") + 1] == "8" for line in rows)  # EP under its header
+
+
+def test_weavemoe_checks_recv_capacity_on_either_backend():
+    """The torch backend took recv_capacity=0, -1, 2.5 or True (and dispatch='bogus'), which the kernel backend
+    refuses: a block tested on CPU then failed on the GPU. Its value is checked on both now."""
+    from weave_kernel.module import WeaveMoE
+
+    kw = dict(hidden=64, inter=64, num_experts=4, top_k=2, max_tokens=16, backend="torch")
+    for bad in (0, -1, 2.5, True, "5"):
+        with pytest.raises(ValueError, match="recv_capacity must be a positive integer"):
+            WeaveMoE(**kw, recv_capacity=bad)
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        WeaveMoE(**kw, dispatch="bogus")
+    for good in (None, 1, 10**12):  # above the worst case: the worst case
+        WeaveMoE(**kw, recv_capacity=good)

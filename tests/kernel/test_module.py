@@ -522,3 +522,31 @@ def test_group_none_is_the_default_group(fake_kernel):
             _check(k, group=other)
     finally:
         dist.destroy_process_group()
+
+
+class _PlacedKernel:
+    """A kernel call that records its calls; only its placement matters here."""
+
+    def __init__(self, placement):
+        self.placement, self.calls = placement, 0
+
+    def __call__(self, x, ids, w, w13, w2, **kw):
+        self.calls += 1
+        return x.clone()
+
+
+def test_a_forward_after_the_kernels_placement_changed_is_refused():
+    """set_placement on a (shared) kernel used to leave every block on it computing with the experts it had loaded for
+    the old placement, silently wrong; such a forward now raises. The same placement as another object still runs.
+    (World 2 by hand: the placements of one rank all agree.)"""
+    from weave_sim.placement import contiguous
+
+    m = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=K, max_tokens=64, backend="torch")
+    m.backend, m.world, m.placement = "kernel", 2, contiguous(E, 2)
+    m.layer = _PlacedKernel(contiguous(E, 2))  # equal, not the same object
+    x = torch.randn(5, H).to(torch.bfloat16)
+    assert torch.equal(m(x), x) and m.placement is m.layer.placement
+    m.layer.placement = round_robin(E, 2)  # what MoEMegakernel.set_placement does to the kernel
+    with pytest.raises(RuntimeError, match="placement has changed since.*build the block again"):
+        m(x)
+    assert m.layer.calls == 1
