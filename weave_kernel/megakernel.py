@@ -300,6 +300,8 @@ class MoEMegakernel:
         self.epoch_ctr = torch.zeros(1, dtype=torch.int64, device=dev)
         self.epoch = 0  # calls issued from the host (kernels before the device counter read it as their epoch)
         self.broken: str | None = None
+        self._unread = 0  # launches since the error word was last read (raise_if_error)
+        self._captured = False  # a call was captured in a CUDA graph: its replays launch unseen by the host
         torch.cuda.synchronize(dev)
         if self.distributed:
             dist.barrier(group=group)
@@ -381,7 +383,8 @@ class MoEMegakernel:
         Call `raise_if_error()` after replays."""
         if self.broken:
             raise RuntimeError(f"megakernel layer is unusable after an earlier failure: {self.broken}")
-        if check and torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if check and capturing:
             raise ValueError("check=True synchronises with the host, which a CUDA graph capture cannot do: capture "
                              "with check=False and call raise_if_error() after the replays")
         check_layer_inputs(x, topk_ids, topk_weights, w13, w2, hidden=self.hidden, inter=self.inter,
@@ -411,6 +414,10 @@ class MoEMegakernel:
             if y.dtype != torch.bfloat16 or tuple(y.shape) != (x.shape[0], self.hidden) or not y.is_contiguous() \
                     or y.device != self.device:
                 raise ValueError(f"out must be a contiguous bf16 [{x.shape[0]}, {self.hidden}] tensor on {self.device}")
+        if check and (self._unread or self._captured):
+            # an error word that unchecked calls or graph replays left is theirs, and never recoverable: read it first
+            # (one more host sync), so that a ReceiveOverflow after this call is this call's own
+            self.raise_if_error()
         # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
@@ -420,6 +427,8 @@ class MoEMegakernel:
         except BaseException:
             self.epoch -= 1
             raise
+        self._unread += 1
+        self._captured = self._captured or capturing
         if check:
             self.raise_if_error(_just_called=True)
         return y
@@ -487,9 +496,12 @@ class MoEMegakernel:
         VirtualRanks' check; `_just_called`) raises ReceiveOverflow and leaves the layer usable. Every rank finds
         it from the same gathered counts before any row moves, and the call leaves every counter as a finished
         call does. After further calls (check=False, graph replays) those would have started on the raised error
-        word, so there the layer is unusable as after any error."""
+        word, so there the layer is unusable as after any error; a check=True call after unchecked calls (or on a
+        layer captured in a CUDA graph) therefore reads the error word before it launches too."""
         err = self.err.cpu().tolist()
-        if err[0] == ERR_RECV_OVERFLOW and _just_called:
+        just = _just_called and self._unread <= 1  # the word is that call's only if no other launch is unread
+        self._unread = 0
+        if err[0] == ERR_RECV_OVERFLOW and just:
             self.err.zero_()
             raise ReceiveOverflow(
                 f"rank {self.rank}: " + ERROR_TEXT[ERR_RECV_OVERFLOW].format(err[2], err[3])

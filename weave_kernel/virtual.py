@@ -108,6 +108,8 @@ class VirtualRanks:
                                      device=self.device)
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
+        if check and any(layer._unread or layer._captured for layer in self.layers):
+            self.raise_if_error()  # what unchecked calls left is theirs, never recoverable (MoEMegakernel.__call__)
         cur = torch.cuda.current_stream(self.device)
         ys = []
         for r, (layer, stream) in enumerate(zip(self.layers, self.streams)):

@@ -30,6 +30,7 @@ def _host_layer(code: int, rank: int = 0) -> mk.MoEMegakernel:
     layer = object.__new__(mk.MoEMegakernel)
     layer.err = torch.tensor([code, 5, 1, 2400], dtype=torch.int32)
     layer.rank, layer.broken, layer.recv_capacity = rank, None, 400
+    layer._unread, layer._captured = 1, False  # as after one launch
     layer.plan = mk.plan_buffers(1024, 16, 4, 2, 512, recv_capacity=400)
     return layer
 
@@ -156,3 +157,68 @@ def test_weavemoe_checks_recv_capacity_on_either_backend():
         WeaveMoE(**kw, dispatch="bogus")
     for good in (None, 1, 10**12):  # above the worst case: the worst case
         WeaveMoE(**kw, recv_capacity=good)
+
+
+def _calling_layer(monkeypatch, overflows):
+    """_host_layer whose __call__ runs on CPU: each launch sets the error word from `overflows` (True: this launch
+    overflows), as the kernel does."""
+    layer = _host_layer(0)
+    layer._unread = 0
+    layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts, layer.top_k = 64, 64, 16, 8, 4
+    layer.max_tokens, layer.device, layer.num_ctas, layer.epoch, layer.timeline_per_cta = 512, torch.device("cpu"), 8, 0, 0
+    layer._params = lambda *a, **kw: {}
+    launches = []
+
+    class _Ext:
+        def launch(self, params, stream):
+            launches.append(layer.epoch)
+            if overflows.pop(0) and int(layer.err[0]) == 0:
+                layer.err.copy_(torch.tensor([mk.ERR_RECV_OVERFLOW, 0, 1, 2400], dtype=torch.int32))
+
+    layer.ext = _Ext()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    x, ids = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.int32)
+    args = (x, ids, torch.full((3, 4), 0.25), torch.zeros(8, 128, 64, dtype=torch.bfloat16),
+            torch.zeros(8, 64, 64, dtype=torch.bfloat16))
+    return layer, args, launches
+
+
+def test_an_overflow_left_by_an_unchecked_call_is_not_the_next_checked_calls(monkeypatch):
+    """A check=False call that overflowed leaves the error word raised; the next check=True call used to report it as
+    its own, recoverable ReceiveOverflow (WeaveMoE then split and ran again on a layer whose unchecked call had
+    produced garbage, silently). Such a call now reads the word before launching: an unrecoverable error."""
+    layer, args, launches = _calling_layer(monkeypatch, [True, False])
+    layer(*args, policy="static:2", check=False)
+    with pytest.raises(RuntimeError, match="receive buffer overflow") as ei:
+        layer(*args, policy="static:2", check=True)
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and layer.broken and launches == [1]
+    # unchecked calls that did not overflow, then a checked one that does: its own, recoverable
+    layer, args, launches = _calling_layer(monkeypatch, [False, False, True, False])
+    layer(*args, policy="static:2", check=False)
+    layer(*args, policy="static:2", check=False)
+    with pytest.raises(mk.ReceiveOverflow):
+        layer(*args, policy="static:2", check=True)
+    assert not layer.broken and launches == [1, 2, 3]
+    layer(*args, policy="static:2", check=True)  # the layer stays usable
+    # a layer captured in a CUDA graph: its replays run unseen, so every checked call reads the word first
+    layer, args, launches = _calling_layer(monkeypatch, [])
+    layer._captured = True
+    layer.err.copy_(torch.tensor([mk.ERR_RECV_OVERFLOW, 0, 1, 2400], dtype=torch.int32))  # a replay overflowed
+    with pytest.raises(RuntimeError) as ei:
+        layer(*args, policy="static:2", check=True)
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and layer.broken and launches == []
+
+
+def test_virtual_ranks_read_what_unchecked_calls_left_before_a_checked_call():
+    """VirtualRanks(check=True) after check=False calls: an overflow those left is an error, found before launching."""
+    vr = _virtual([mk.ERR_RECV_OVERFLOW] * 2)
+    vr.num_ctas, vr.device = 8, torch.device("cpu")
+    for layer in vr.layers:
+        layer.hidden, layer.inter, layer.num_experts, layer.num_local_experts, layer.top_k = 64, 64, 16, 8, 4
+        layer.max_tokens = 512
+    x, ids = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.int32)
+    per_rank = [[t, t] for t in (x, ids, torch.full((3, 4), 0.25), torch.zeros(8, 128, 64, dtype=torch.bfloat16),
+                                 torch.zeros(8, 64, 64, dtype=torch.bfloat16))]
+    with pytest.raises(RuntimeError) as ei:
+        vr(*per_rank, policy="static:2", check=True)
+    assert not isinstance(ei.value, mk.ReceiveOverflow) and all(layer.broken for layer in vr.layers)
