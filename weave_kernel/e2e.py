@@ -84,6 +84,14 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
     return out
 
 
+def kernel_buffers(moes) -> dict:
+    """The MoEMegakernels under `moes`: "kernels" (how many), "workspace_bytes" (one kernel's buffers) and
+    "kernel_buffer_bytes" (all of them together, as hf_e2e.py reports: a kernel per layer holds one set each)."""
+    kernels = {id(m.layer): m.layer for m in moes}
+    total = [k.workspace_bytes()["total"] for k in kernels.values()]
+    return {"kernels": len(kernels), "workspace_bytes": total[0], "kernel_buffer_bytes": sum(total)}
+
+
 def shared_note(model, shared: bool) -> str:
     """The header's word on shared experts: fused, left out, or none in the model (--shared on a model without)."""
     if not shared:
@@ -165,9 +173,8 @@ def main(argv=None) -> int:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         name = (policy if share else f"{policy}/separate") if backend == "kernel" else "reference"
         rows[name] = {"forward_ms": float(t[0]), "without_moe_ms": float(t[1])}
-        if backend == "kernel":  # one MoEMegakernel's buffers serve every layer (build_moes)
-            rows[name]["kernels"] = len({id(m.layer) for m in moes})
-            rows[name]["workspace_bytes"] = moes[0].layer.workspace_bytes()["total"]
+        if backend == "kernel":  # one MoEMegakernel's buffers serve every layer (build_moes), or one per layer
+            rows[name].update(kernel_buffers(moes))
         outputs[name] = y
         stack = moes = None  # noqa: F841 - frees the layer's weights before the next backend
         torch.cuda.empty_cache()

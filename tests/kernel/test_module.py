@@ -550,3 +550,21 @@ def test_a_forward_after_the_kernels_placement_changed_is_refused():
     with pytest.raises(RuntimeError, match="placement has changed since.*build the block again"):
         m(x)
     assert m.layer.calls == 1
+
+
+def test_e2e_records_the_buffers_of_every_kernel():
+    """e2e --separate-kernels recorded one kernel's workspace_bytes for a kernel per layer too (the same figure as one
+    shared kernel); kernel_buffer_bytes now sums every kernel, as hf_e2e.py does."""
+    from types import SimpleNamespace
+
+    from weave_kernel.e2e import kernel_buffers
+
+    class _K:
+        def workspace_bytes(self):
+            return {"total": 1000}
+
+    one = _K()
+    assert kernel_buffers([SimpleNamespace(layer=one)] * 4) == \
+        {"kernels": 1, "workspace_bytes": 1000, "kernel_buffer_bytes": 1000}
+    assert kernel_buffers([SimpleNamespace(layer=_K()) for _ in range(4)]) == \
+        {"kernels": 4, "workspace_bytes": 1000, "kernel_buffer_bytes": 4000}
