@@ -41,6 +41,7 @@ from .reference import ep_moe_reference
 from .validate import check_layer_inputs
 
 SCORINGS = ("softmax", "sigmoid")
+BACKENDS = ("kernel", "torch")
 
 
 def kernel_options() -> set:
@@ -49,7 +50,6 @@ def kernel_options() -> set:
 
     return set(inspect.signature(MoEMegakernel.__init__).parameters) - {
         "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device", "shared_inter"}
-BACKENDS = ("kernel", "torch")
 
 
 def _stack(t, name: str, shape: tuple) -> torch.Tensor:
@@ -77,14 +77,15 @@ class WeaveMoE(torch.nn.Module):
                  shared_inter: int = 0, shared_gate: bool = False,
                  shared_order: str = "last", check: bool = True, kernel=None, on_overflow: str = "split",
                  **kernel_kwargs):
-        """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the kernel call's
-        host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it off): call
-        raise_if_error() after the forwards then; kernel_kwargs go to MoEMegakernel (timeout_s, cost_profile,
-        dispatch, num_ctas, recv_capacity (receive buffers below the worst case; a batch that does not fit raises
-        megakernel.ReceiveOverflow and the block stays usable), ...; checked by name on either backend, used by the kernel's). policy and shared_order
-        are checked on either backend too, and so are the kernel's geometry limits (weave_kernel.geometry); router=
-        replaces the built-in rule, so scoring, norm_topk, routed_scale, score_bias, n_group, topk_group and
-        router_dtype must then keep their defaults (a ValueError names any that do not).
+        """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the
+        kernel call's host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it
+        off): call raise_if_error() after the forwards then. kernel_kwargs go to MoEMegakernel: timeout_s,
+        cost_profile, dispatch, num_ctas, recv_capacity (receive buffers below the worst case; a batch that does not
+        fit raises megakernel.ReceiveOverflow and the block stays usable), ...; checked by name on either backend,
+        used by the kernel's. policy and shared_order are checked on either backend too, and so are the kernel's
+        geometry limits (weave_kernel.geometry); router= replaces the built-in rule, so scoring, norm_topk,
+        routed_scale, score_bias, n_group, topk_group and router_dtype must then keep their defaults (a ValueError
+        names any that do not).
 
         on_overflow (kernel backend, check=True): what a forward does when its batch does not fit the receive buffers
         (a kernel built with recv_capacity below the worst case raises megakernel.ReceiveOverflow on every rank):
