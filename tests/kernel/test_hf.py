@@ -280,3 +280,50 @@ def test_blocks_of_one_geometry_share_one_kernel(monkeypatch):
         calls.clear()
         assert replace_moe_blocks(model(), max_tokens=64, **kw) == 4
         assert all("kernel" not in c for c in calls)
+
+
+def _hf_rank(rank: int, world: int, port: int, queue) -> None:
+    """One rank of test_expert_parallel_model_matches_the_original: the same tiny Qwen3-MoE model on every rank, each
+    with its own sequence; the blocks swapped with the experts spread over the ranks (WeaveMoE's torch backend)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = _qwen3_model(layers=2)
+        ids = torch.randint(0, 97, (1, 9 + 14 * rank), generator=torch.Generator().manual_seed(40 + rank))
+        with torch.no_grad():
+            want = model(ids).logits
+            n = replace_moe_blocks(model, max_tokens=64, backend="torch")
+            got = model(ids).logits
+        locals_ = [m.local for m in model.modules() if isinstance(m, WeaveMoE)]
+        queue.put((rank, n, locals_, rel(got, want)))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_model_matches_the_original():
+    """replace_moe_blocks under a process group of 2 (gloo, CPU): each rank keeps half of every block's experts, the
+    tokens cross ranks inside each block, and each rank's logits still match the unswapped model's on its sequence."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hf_rank, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {r: rest for r, *rest in (queue.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for r, (n, locals_, err) in got.items():
+        assert n == 2 and all(loc == [4 * r + i for i in range(4)] for loc in locals_)  # contiguous halves
+        assert err < 3e-2, (r, err)
