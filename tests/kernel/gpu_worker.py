@@ -86,6 +86,18 @@ def check_all_ranks(label: str, err: float) -> bool:
     return ok
 
 
+def same_outcome(label: str, got: str, want: str) -> bool:
+    """Gather every rank's outcome `got`; log PASS if all are `want`, else FAIL with each rank's, and record it.
+    Every rank must call it."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, got)
+    ok = all(g == want for g in every)
+    log(f"{'PASS' if ok else 'FAIL'} {label}: {every}")
+    if not ok:
+        FAILURES.append(" ".join(label.split()))
+    return ok
+
+
 def expect_refused(what: str, call, exc_type=ValueError) -> None:
     """`call` must raise exc_type (bad input refused on the host); log it, record a failure if it did not."""
     try:
@@ -434,15 +446,11 @@ def capacity_case(name: str, *, hidden: int, inter: int, top_k: int, seed: int) 
             layer(xo, ido, wo, w13, w2, policy=pol)
             got = "no error"
         except ReceiveOverflow as exc:
-            got = "overflow" if exc.owner == 0 and exc.rows > layer.plan.recv_cap_rows and layer.broken is None else f"wrong details {exc}"
+            usable = exc.owner == 0 and exc.rows > layer.plan.recv_cap_rows and layer.broken is None
+            got = "overflow" if usable else f"wrong details {exc}"
         except Exception as exc:  # noqa: BLE001 - reported as a failure below
             got = f"{type(exc).__name__}: {exc}"
-        every = [None] * world
-        dist.all_gather_object(every, got)
-        ok = all(g == "overflow" for g in every)
-        log(f"{'PASS' if ok else 'FAIL'} {name:<34} {pol:<10} overflow raised on every rank, layer usable: {every}")
-        if not ok:
-            FAILURES.append(f"{name} {pol} overflow")
+        if not same_outcome(f"{name:<34} {pol:<10} overflow raised on every rank, layer usable", got, "overflow"):
             return
         x, ids, w, ref = inputs(fit_n, seed * 107 + i * 7 + rank, False)
         y = torch.empty(fit_n, hidden, dtype=torch.bfloat16, device=dev)
@@ -483,12 +491,7 @@ def capacity_case(name: str, *, hidden: int, inter: int, top_k: int, seed: int) 
         got = f"ReceiveOverflow (should be a plain error here): {exc}"
     except RuntimeError:
         got = "broken" if layer.broken else "not marked broken"
-    every = [None] * world
-    dist.all_gather_object(every, got)
-    ok = all(g == "broken" for g in every)
-    log(f"{'PASS' if ok else 'FAIL'} {name:<34} overflow under check=False: layer unusable on every rank: {every}")
-    if not ok:
-        FAILURES.append(f"{name} check=False overflow")
+    same_outcome(f"{name:<34} overflow under check=False: layer unusable on every rank", got, "broken")
     expect_refused(f"{name}: recv_capacity 0", lambda: MoEMegakernel(
         hidden=hidden, inter=inter, num_experts=E, top_k=top_k, placement=pl, max_tokens=512, recv_capacity=0))
     torch.cuda.synchronize()
