@@ -310,8 +310,8 @@ class MoEMegakernel:
         check_fits(need, self.device, group=self.group if self.distributed else None, distributed=self.distributed,
                    world=self.world, rank=self.rank, what="the megakernel's buffers", hint=(
                        f"lower max_tokens (now {self.max_tokens}; the receive buffer holds world x max_tokens x top_k "
-                       f"rows), or let the layers of one geometry share one MoEMegakernel (WeaveMoE(kernel=...); "
-                       f"hf.replace_moe_blocks shares by default)"))
+                       f"rows unless recv_capacity sizes it for less), or let the layers of one geometry share one "
+                       f"MoEMegakernel (WeaveMoE(kernel=...); hf.replace_moe_blocks shares by default)"))
 
     def workspace_bytes(self) -> dict[str, int]:
         """Bytes this object allocated on its device, by part (as the module function workspace_bytes reports)."""
