@@ -167,6 +167,19 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
     return parts
 
 
+def check_options(*, timeout_s=DEFAULT_TIMEOUT_S, num_ctas=None, timeline_per_cta=0) -> None:
+    """MoEMegakernel's scalar options, checked before anything is built (WeaveMoE checks them on either backend):
+    a timeout of 0 or NaN made every wait fail at once (or int() raise), a grid below 2 CTAs or a negative timeline
+    failed later with another library's message."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < 3600:
+        raise ValueError(f"timeout_s must be a number of seconds in (0, 3600), got {timeout_s!r}")
+    if num_ctas is not None and (isinstance(num_ctas, bool) or not isinstance(num_ctas, numbers.Integral)
+                                 or num_ctas < 2):
+        raise ValueError(f"num_ctas must be None (one CTA per SM) or an integer >= 2, got {num_ctas!r}")
+    if isinstance(timeline_per_cta, bool) or not isinstance(timeline_per_cta, numbers.Integral) or timeline_per_cta < 0:
+        raise ValueError(f"timeline_per_cta must be an integer >= 0, got {timeline_per_cta!r}")
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -224,6 +237,8 @@ class MoEMegakernel:
 
         from .build import load_extension
 
+        check_options(timeout_s=timeout_s, num_ctas=num_ctas, timeline_per_cta=timeline_per_cta)
+        self.cost_table_np = build_cost_table(cost_profile)  # a bad profile refused before anything is built
         self.virtual = virtual is not None
         self.distributed = not self.virtual and dist.is_available() and dist.is_initialized()
         self.group = group
@@ -290,7 +305,6 @@ class MoEMegakernel:
                                     dtype=torch.uint8, device=dev)
         self.timeline_count = torch.zeros(self.num_ctas, **i32)
         # weave policy: the cost model's table (read by every CTA) and the per-call choice output
-        self.cost_table_np = build_cost_table(cost_profile)
         if int(self.ext.cost_table_len) != COST_TABLE_LEN or int(self.ext.choice_len) != CHOICE_LEN:
             raise RuntimeError("built extension and megakernel.py disagree on the cost table / choice layout")
         self.cost_table = torch.as_tensor(self.cost_table_np, dtype=torch.float64).to(dev)

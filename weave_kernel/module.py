@@ -106,7 +106,8 @@ class WeaveMoE(torch.nn.Module):
 
         from weave_sim.placement import contiguous
 
-        from .megakernel import SHARED_ORDERS, MoEMegakernel, check_fits, recv_pairs_of, workspace_bytes
+        from .megakernel import (SHARED_ORDERS, MoEMegakernel, build_cost_table, check_fits, check_options,
+                                 recv_pairs_of, workspace_bytes)
         from .policies import dispatch_issuers, parse_policy
 
         for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),
@@ -127,6 +128,9 @@ class WeaveMoE(torch.nn.Module):
             recv_pairs_of(1, max_tokens, top_k, kernel_kwargs["recv_capacity"])
         if "dispatch" in kernel_kwargs:
             dispatch_issuers(kernel_kwargs["dispatch"])
+        check_options(**{k: v for k, v in kernel_kwargs.items() if k in ("timeout_s", "num_ctas", "timeline_per_cta")})
+        if "cost_profile" in kernel_kwargs:
+            build_cost_table(kernel_kwargs["cost_profile"])
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
         parse_policy(policy, 1 << 30)  # its syntax here; its C against the grid once the kernel layer exists

@@ -222,3 +222,15 @@ def test_virtual_ranks_read_what_unchecked_calls_left_before_a_checked_call():
     with pytest.raises(RuntimeError) as ei:
         vr(*per_rank, policy="static:2", check=True)
     assert not isinstance(ei.value, mk.ReceiveOverflow) and all(layer.broken for layer in vr.layers)
+
+
+def test_the_kernel_checks_its_options_before_building_anything():
+    """MoEMegakernel refuses bad scalar options and profiles first (these run before any CUDA call, so on CPU too)."""
+    from weave_sim.placement import contiguous
+
+    kw = dict(hidden=256, inter=128, num_experts=8, top_k=2, placement=contiguous(8, 1), max_tokens=64)
+    for bad, match in ((dict(timeout_s=0), "timeout_s"), (dict(timeout_s=-1.0), "timeout_s"),
+                       (dict(num_ctas=0), "num_ctas"), (dict(timeline_per_cta=-4), "timeline_per_cta"),
+                       (dict(cost_profile="no-such-profile"), "no hardware profile")):
+        with pytest.raises(Exception, match=match):
+            mk.MoEMegakernel(**kw, **bad)

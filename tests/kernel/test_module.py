@@ -341,6 +341,14 @@ def test_kernel_backend_without_a_gpu_says_so():
     (dict(hidden=96), ValueError, "multiples of 64"),
     (dict(shared_inter=100), ValueError, "shared expert's width"),
     (dict(num_experts=1024, top_k=2), ValueError, "num_experts 1024 must be <= 512"),
+    # the kernel's scalar options on either backend (timeout 0 made every wait fail at once; NaN raised in int())
+    (dict(timeout_s=0), ValueError, "timeout_s must be a number of seconds"),
+    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a number of seconds"),
+    (dict(timeout_s="2"), ValueError, "timeout_s must be a number of seconds"),
+    (dict(num_ctas=1), ValueError, "num_ctas must be None"),
+    (dict(num_ctas=2.5), ValueError, "num_ctas must be None"),
+    (dict(timeline_per_cta=-1), ValueError, "timeline_per_cta must be an integer >= 0"),
+    (dict(cost_profile="nope"), Exception, "no hardware profile 'nope'"),
     # router= with rule options it would leave unused (silently, before)
     (dict(router=lambda x: None, scoring="sigmoid"), ValueError, "scoring would be unused"),
     (dict(router=lambda x: None, norm_topk=False, routed_scale=2.0), ValueError, "norm_topk, routed_scale would be"),
