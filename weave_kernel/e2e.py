@@ -87,9 +87,9 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
 def kernel_buffers(moes) -> dict:
     """The MoEMegakernels under `moes`: "kernels" (how many), "workspace_bytes" (one kernel's buffers) and
     "kernel_buffer_bytes" (all of them together, as hf_e2e.py reports: a kernel per layer holds one set each)."""
-    kernels = {id(m.layer): m.layer for m in moes}
+    kernels = {id(m.layer): m.layer for m in moes if m.layer is not None}
     total = [k.workspace_bytes()["total"] for k in kernels.values()]
-    return {"kernels": len(kernels), "workspace_bytes": total[0], "kernel_buffer_bytes": sum(total)}
+    return {"kernels": len(kernels), "workspace_bytes": total[0] if total else 0, "kernel_buffer_bytes": sum(total)}
 
 
 def shared_note(model, shared: bool) -> str:

@@ -160,19 +160,17 @@ def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, share_kernel:
         raise ValueError("the model's config has output_router_logits=True, and WeaveMoE blocks return no router "
                          "logits (transformers' auxiliary loss would fail on the missing ones): set "
                          "model.config.output_router_logits = False first")
-    for _, mod in targets:
-        describe_block(mod)  # every block supported, before the model changes
+    descs = [describe_block(mod) for _, mod in targets]  # every block supported, before the model changes
     share = share_kernel and kwargs.get("backend", "kernel") == "kernel" and kwargs.get("kernel") is None
     own = {k: v for k, v in kwargs.items() if k not in kernel_options() | {"kernel"}}  # a sharing block's
     kernels = {}  # (geometry, device) -> the MoEMegakernel the first block of it built
     done = []
     try:
-        for name, mod in targets:
+        for (name, mod), d in zip(targets, descs):
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             key = None
             if share:
-                d = describe_block(mod)
                 key = tuple(d["kwargs"].get(k, 0) for k in ("hidden", "inter", "num_experts", "top_k", "shared_inter")) \
                     + (str(kwargs.get("device", d["weights"]["gate_up"].device)),)
             if key in kernels:

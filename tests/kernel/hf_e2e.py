@@ -114,7 +114,9 @@ def main(argv=None) -> int:
     except ImportError:
         ap.error('needs transformers 5.x: pip install -e ".[hf]"')
 
+    from weave_kernel.e2e import kernel_buffers
     from weave_kernel.hf import replace_moe_blocks
+    from weave_kernel.module import WeaveMoE
 
     cfgs = configs(args.tiny, args.layers)
     rows = []
@@ -135,17 +137,16 @@ def main(argv=None) -> int:
         for m in model.modules():
             if hasattr(m, "raise_if_error"):
                 m.raise_if_error()
-        kernels = {id(m.layer): m.layer for m in model.modules() if getattr(m, "layer", None) is not None
-                   and hasattr(m.layer, "workspace_bytes")}
-        buf = sum(k.workspace_bytes()["total"] for k in kernels.values())
+        bufs = kernel_buffers([m for m in model.modules() if isinstance(m, WeaveMoE)])
         err = float((got.float() - want.float()).norm() / want.float().norm())
         rows.append({"model": name, "layers": args.layers, "tokens": args.tokens, "moe_blocks": n,
                      "transformers_experts": impl, "transformers_ms": t_hf, "weave_ms": t_weave,
                      "speedup": t_hf / t_weave, "rel_err_last_hidden": err, "backend": args.backend,
-                     "policy": args.policy, "kernels": len(kernels), "kernel_buffer_bytes": buf})
+                     "policy": args.policy, "kernels": bufs["kernels"],
+                     "kernel_buffer_bytes": bufs["kernel_buffer_bytes"]})
         print(f"{name}: {n} MoE blocks swapped; transformers ({impl}) {t_hf:.3f} ms, WeaveMoE ({args.backend}, "
               f"{args.policy}) {t_weave:.3f} ms, {t_hf / t_weave:.2f}x; last hidden state rel. error {err:.2e}; "
-              f"{len(kernels)} MoEMegakernel(s), buffers {buf / 2**30:.2f} GiB",
+              f"{bufs['kernels']} MoEMegakernel(s), buffers {bufs['kernel_buffer_bytes'] / 2**30:.2f} GiB",
               flush=True)
         del model
         if torch.device(args.device).type == "cuda":
