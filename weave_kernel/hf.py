@@ -62,7 +62,11 @@ def _is_silu(act) -> bool:
 
 
 def describe_block(block) -> dict:
-    """The WeaveMoE arguments and weights of an HF MoE block; raises UnsupportedBlock."""
+    """The WeaveMoE arguments of an HF MoE block and where its weights are; raises UnsupportedBlock. Reads only the
+    block's structure, attributes, shapes and dtypes, so it works on a model built on the meta device too.
+    Returns {"kwargs": WeaveMoE's arguments, "weights": the block's tensors by role (router, score_bias, gate_up,
+    down, and shared (gate, up, down) / shared_gate where there are), "names": each role's name inside the block
+    (e.g. "experts.gate_up_proj"; a tuple of three for "shared")}. load_block_weights copies the weights."""
     name = type(block).__name__
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
     if gate is None or experts is None or not isinstance(getattr(gate, "weight", None), torch.Tensor):
@@ -124,23 +128,39 @@ def describe_block(block) -> dict:
                 raise UnsupportedBlock(f"{name}: shared_expert_gate is not a Linear H -> 1 without bias")
             kw["shared_gate"] = True
             weights["shared_gate"] = sgate.weight
-    return {"kwargs": kw, "weights": weights}
+    return {"kwargs": kw, "weights": weights, "names": _role_names(block, weights)}
+
+
+def _role_names(block, weights: dict) -> dict:
+    """Each role's parameter (or buffer) name inside `block`, found by identity."""
+    by_id = {id(t): n for n, t in (*block.named_parameters(), *block.named_buffers())}
+    names = {}
+    for role, t in weights.items():
+        if t is None:
+            continue
+        names[role] = tuple(by_id[id(x)] for x in t) if role == "shared" else by_id[id(t)]
+    return names
+
+
+@torch.no_grad()
+def load_block_weights(moe: WeaveMoE, weights: dict) -> None:
+    """Copy an HF block's weights (describe_block's "weights") into `moe`: the router, its score bias, this rank's
+    experts (moe.local) and the shared expert."""
+    moe.load_router(weights["router"], weights["score_bias"])
+    idx = torch.as_tensor(moe.local, device=weights["gate_up"].device)
+    moe.w13.copy_(weights["gate_up"][idx])
+    moe.w2.copy_(weights["down"][idx])
+    if "shared" in weights:
+        moe.load_shared(*weights["shared"], gate_weight=weights.get("shared_gate"))
 
 
 def from_hf_block(block, *, max_tokens: int, **kwargs) -> WeaveMoE:
     """A WeaveMoE computing `block` (an HF MoE block), its weights copied; kwargs go to WeaveMoE (backend, policy,
     placement, group, device, check, shared_order, ...)."""
     d = describe_block(block)
-    w = d["weights"]
-    kwargs.setdefault("device", w["gate_up"].device)
+    kwargs.setdefault("device", d["weights"]["gate_up"].device)
     moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, **kwargs)
-    moe.load_router(w["router"], w["score_bias"])
-    with torch.no_grad():
-        idx = torch.as_tensor(moe.local, device=w["gate_up"].device)
-        moe.w13.copy_(w["gate_up"][idx])
-        moe.w2.copy_(w["down"][idx])
-    if "shared" in w:
-        moe.load_shared(*w["shared"], gate_weight=w.get("shared_gate"))
+    load_block_weights(moe, d["weights"])
     return moe
 
 
