@@ -1,12 +1,13 @@
 """Where the host's time per eager layer call goes (one GPU): the Python checks, the parameter dict, the
-extension's launch (dict parsing, TMA descriptors, the launch itself) and the whole call, each timed over many
-calls without a sync (the GPU runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py"""
+extension's launch from the whole dict (dict parsing, TMA descriptors, the launch itself) against the Launcher the
+layer calls (the call's own values only), and the whole call, each timed over many calls without a sync (the GPU
+runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py"""
 from __future__ import annotations
 
 import torch
 
 from weave_kernel.bench import host_us_per_call
-from weave_kernel.megakernel import MoEMegakernel
+from weave_kernel.megakernel import MoEMegakernel, _current_raw_stream
 from weave_kernel.policies import parse_policy
 from weave_kernel.reference import make_weights
 from weave_kernel.routing import skewed_routing
@@ -14,6 +15,18 @@ from weave_kernel.symm import init_ranks
 from weave_kernel.validate import check_layer_inputs
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
+
+
+class _DictOnly:
+    """The extension without its Launcher: a layer on it launches from the whole dict every call."""
+
+    def __init__(self, ext):
+        self._ext = ext
+
+    def __getattr__(self, name):
+        if name == "Launcher":
+            raise AttributeError(name)
+        return getattr(self._ext, name)
 
 
 def main() -> None:
@@ -31,6 +44,9 @@ def main() -> None:
     stream = torch.cuda.current_stream(dev).cuda_stream
     params = layer._params(x, ids, w, w13, w2, y, pol, False)
     layer(x, ids, w, w13, w2, policy="weave", out=y)  # warm
+    dict_layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, 1), max_tokens=n,
+                               ext=_DictOnly(layer.ext))
+    dict_layer(x, ids, w, w13, w2, policy="weave", out=y)
     rows = {
         "check_layer_inputs": lambda: check_layer_inputs(
             x, ids, w, w13, w2, hidden=H, inter=I, num_experts=E, num_local_experts=E, top_k=k, max_tokens=n,
@@ -38,13 +54,18 @@ def main() -> None:
         "parse_policy": lambda: parse_policy("weave", layer.num_ctas),
         "_params dict": lambda: layer._params(x, ids, w, w13, w2, y, pol, False),
         "current_stream": lambda: torch.cuda.current_stream(dev).cuda_stream,
+        "raw stream (the layer's)": lambda: _current_raw_stream(dev),
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
         "ext.launch (same dict)": lambda: (setattr(layer, "epoch", layer.epoch + 1), layer.ext.launch(params, stream)),
+        "layer._launch (Launcher)": lambda: (setattr(layer, "epoch", layer.epoch + 1),
+                                             layer._launch(x, ids, w, w13, w2, y, pol, False)),
         "whole call, check=False": lambda: layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
+        "the same, dict path": lambda: dict_layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
     }
     for name, fn in rows.items():
         print(f"{name:<30} {host_us_per_call(fn, 50 if 'call' in name or 'launch' in name else 500):8.1f} us")
     layer.raise_if_error()
+    dict_layer.raise_if_error()
 
 
 if __name__ == "__main__":

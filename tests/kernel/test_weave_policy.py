@@ -112,12 +112,58 @@ def test_params_carry_the_cost_table_and_choice_buffer():
     # every key the binding's launch() reads is supplied, and nothing else but the host's call count "epoch",
     # which kernels before the device epoch counter read (bench --ab-csrc against such sources)
     binding = (CSRC / "binding.cpp").read_text()
-    start = binding.index("void launch(const py::dict& d")
+    start = binding.index("weave::Params read_params(const py::dict& d")
     launch_body = binding[start:binding.index("\n}\n", start)]
     keys = set(re.findall(r'(?:get<[\w:]+>|ptr<[\w:\s]+>)\(d, "(\w+)"\)', launch_body))
     assert keys == set(d) - {"epoch"}, keys ^ (set(d) - {"epoch"})
     assert d["epoch"] == layer.epoch
     assert parse_policy("static:8", 132).policy_id == POLICY_STATIC
+
+
+def test_launcher_gets_the_calls_values_in_the_order_its_signature_names_them():
+    """MoEMegakernel._launch passes a call's own values to the extension's Launcher.launch positionally; each must be
+    what the full dict (_params) gives under the parameter's name in binding.cpp's signature, the Launcher is built
+    from that dict once, and again when a buffer or option it read changes."""
+    binding = (CSRC / "binding.cpp").read_text()
+    sig = re.search(r"void launch\(uint64_t x,(.*?)\) \{", binding, re.S).group(0)
+    names = re.findall(r"(?:uint64_t|int32_t) (\w+)", sig)
+    assert names[0] == "x" and names[-1] == "stream" and len(names) == 17
+    built, calls = [], []
+
+    class _Launcher:
+        def __init__(self, params):
+            built.append(params)
+
+        def launch(self, *args):
+            calls.append(args)
+
+    layer = _fake_layer()
+    layer.ext = type("Ext", (), {"Launcher": _Launcher})()
+    layer.symm, layer.device = torch.zeros(8, dtype=torch.uint8), torch.device("cpu")
+    layer.shared_inter, layer._launcher, layer._launcher_key = 128, None, None
+    x = torch.zeros(10, 256, dtype=torch.bfloat16)
+    ids, tw, y = torch.zeros(10, 2, dtype=torch.int32), torch.zeros(10, 2), torch.zeros(10, 256, dtype=torch.bfloat16)
+    w13, w2 = torch.zeros(4, 256, 256, dtype=torch.bfloat16), torch.zeros(4, 256, 128, dtype=torch.bfloat16)
+    sw = (torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(256, 128, dtype=torch.bfloat16))
+    scale = torch.zeros(10)
+    cases = [("weave", False, None, "last", None), ("static:8", True, sw, "first", scale),
+             ("weave-nosteal", False, sw, "last", None)]
+    mk_stream = mk._current_raw_stream
+    mk._current_raw_stream = lambda device: 12345
+    try:
+        for spec, tl, shared, order, sc in cases:
+            pol = parse_policy(spec, layer.num_ctas)
+            layer._launch(x, ids, tw, w13, w2, y, pol, tl, shared, order, sc)
+            want = layer._params(x, ids, tw, w13, w2, y, pol, tl, shared, order, sc)
+            got = dict(zip(names, calls[-1]))
+            assert got.pop("stream") == 12345
+            assert got == {k: want[k] for k in got}, spec
+        assert len(built) == 1  # one Launcher for all three calls
+        layer.dispatch = "bulk"  # an option the dict reads: a new Launcher
+        layer._launch(x, ids, tw, w13, w2, y, parse_policy("weave", 132), False)
+        assert len(built) == 2 and built[-1]["dispatch_bulk"] == mk.dispatch_issuers("bulk")
+    finally:
+        mk._current_raw_stream = mk_stream
 
 
 def test_a_launch_that_fails_does_not_use_up_an_epoch():

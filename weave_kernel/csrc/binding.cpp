@@ -13,6 +13,8 @@
 #include "params.h"
 
 extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative);
+extern "C" int weave_moe_encode_maps(weave::Params* params, int routed, int shared);
+extern "C" int weave_moe_launch_encoded(const weave::Params* params, void* stream, int cooperative, int set_smem_attr);
 extern "C" int weave_moe_max_ctas(int device);
 extern "C" const char* weave_cuda_error_string(int code);
 extern "C" int weave_static_smem_bytes();
@@ -36,7 +38,8 @@ T* ptr(const py::dict& d, const char* key) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(get<uint64_t>(d, key)));
 }
 
-void launch(const py::dict& d, uint64_t stream) {
+// Every field of Params from the dict MoEMegakernel._params builds (the TMA maps are encoded at launch).
+weave::Params read_params(const py::dict& d, int* cooperative) {
   weave::Params p{};
   p.x = ptr<const void>(d, "x");
   p.topk_ids = ptr<const int32_t>(d, "topk_ids");
@@ -94,8 +97,12 @@ void launch(const py::dict& d, uint64_t stream) {
   p.inter_shared = get<int32_t>(d, "inter_shared");
   p.shared_first = get<int32_t>(d, "shared_first");
   p.max_shared_blocks = get<int32_t>(d, "max_shared_blocks");
-  const int cooperative = get<int32_t>(d, "cooperative");
-  // Invariants the kernel relies on; Python checks them first with friendlier messages.
+  *cooperative = get<int32_t>(d, "cooperative");
+  return p;
+}
+
+// Invariants the kernel relies on; Python checks them first with friendlier messages.
+void check_params(const weave::Params& p) {
   if (p.hidden % 64 || p.inter % 64) throw std::invalid_argument("weave launch: hidden and inter must be multiples of 64");
   // the limits of config.cuh (kMaxRanks, kMaxExperts, kMaxRankExperts; tests/kernel/test_csrc.py checks them)
   if (p.world < 1 || p.world > 8) throw std::invalid_argument("weave launch: world size must be in [1, 8]");
@@ -130,9 +137,80 @@ void launch(const py::dict& d, uint64_t stream) {
     throw std::invalid_argument("weave launch: unknown policy id");
   if (p.num_ctas < p.world)  // CTA g pushes this rank's counts to rank g
     throw std::invalid_argument("weave launch: num_ctas must be >= the world size");
-  const int err = weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative);
+}
+
+void launch_check(int err) {
   if (err != 0) throw std::runtime_error(std::string("weave launch failed: ") + weave_cuda_error_string(err));
 }
+
+// One launch from a full parameter dict (tests, tools); MoEMegakernel launches through a Launcher.
+void launch(const py::dict& d, uint64_t stream) {
+  int cooperative = 0;
+  weave::Params p = read_params(d, &cooperative);
+  check_params(p);
+  launch_check(weave_moe_launch(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative));
+}
+
+// A layer's launches without the per-call dict: built once from a full dict (the buffers, geometry and options of
+// the layer), it takes only what changes between calls, as plain integers, and re-encodes a weight tensor's TMA
+// map only when the tensor's address changes (the shapes are the layer's); tests/kernel/host_cost.py times both
+// paths. Every call runs check_params on the whole Params, as launch does.
+class Launcher {
+ public:
+  explicit Launcher(const py::dict& d) {
+    p_ = read_params(d, &cooperative_);
+    check_params(p_);
+  }
+
+  void launch(uint64_t x, uint64_t topk_ids, uint64_t topk_weights, uint64_t w13, uint64_t w2, uint64_t y,
+              int32_t num_tokens, int32_t policy, int32_t num_comm_ctas, int32_t steal, uint64_t timeline,
+              uint64_t w13s, uint64_t w2s, uint64_t shared_scale, int32_t inter_shared, int32_t shared_first,
+              uint64_t stream) {
+    weave::Params& p = p_;
+    p.x = as_ptr<const void>(x);
+    p.topk_ids = as_ptr<const int32_t>(topk_ids);
+    p.topk_weights = as_ptr<const float>(topk_weights);
+    p.w13 = as_ptr<const void>(w13);
+    p.w2 = as_ptr<const void>(w2);
+    p.y = as_ptr<void>(y);
+    p.num_tokens = num_tokens;
+    p.policy = policy;
+    p.num_comm_ctas = num_comm_ctas;
+    p.steal = steal;
+    p.timeline = as_ptr<weave::TimelineRecord>(timeline);
+    p.w13s = as_ptr<const void>(w13s);
+    p.w2s = as_ptr<const void>(w2s);
+    p.shared_scale = as_ptr<const float>(shared_scale);
+    p.inter_shared = inter_shared;
+    p.shared_first = shared_first;
+    check_params(p);
+    const bool routed = p.w13 != maps_w13_ || p.w2 != maps_w2_;
+    const bool shared = inter_shared > 0 && (p.w13s != maps_w13s_ || p.w2s != maps_w2s_ || inter_shared != maps_is_);
+    if (routed || shared) {
+      if (routed) maps_w13_ = maps_w2_ = nullptr;  // stay unset if the encode fails
+      if (shared) maps_w13s_ = maps_w2s_ = nullptr;
+      launch_check(weave_moe_encode_maps(&p, routed ? 1 : 0, shared ? 1 : 0));
+      if (routed) maps_w13_ = p.w13, maps_w2_ = p.w2;
+      if (shared) maps_w13s_ = p.w13s, maps_w2s_ = p.w2s, maps_is_ = inter_shared;
+    }
+    const int inst = inter_shared > 0 ? 1 : 0;
+    launch_check(weave_moe_launch_encoded(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative_,
+                                          attr_set_[inst] ? 0 : 1));
+    attr_set_[inst] = true;
+  }
+
+ private:
+  template <typename T>
+  static T* as_ptr(uint64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
+  weave::Params p_{};
+  int cooperative_ = 1;
+  const void* maps_w13_ = nullptr;
+  const void* maps_w2_ = nullptr;
+  const void* maps_w13s_ = nullptr;
+  const void* maps_w2s_ = nullptr;
+  int32_t maps_is_ = 0;
+  bool attr_set_[2] = {false, false};
+};
 
 py::dict timeline_layout() {
   py::dict d;
@@ -254,6 +332,9 @@ void calib_signal(const py::dict& d, int num_ctas, uint64_t stream) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Weave MoE megakernel launcher (raw addresses; tensors are checked in Python)";
   m.def("launch", &launch, py::arg("params"), py::arg("stream"));
+  py::class_<Launcher>(m, "Launcher")
+      .def(py::init<const py::dict&>(), py::arg("params"))
+      .def("launch", &Launcher::launch);
   m.def("max_ctas", &weave_moe_max_ctas, py::arg("device"));
   m.def("timeline_layout", &timeline_layout);
   m.def("static_smem_bytes", &weave_static_smem_bytes);

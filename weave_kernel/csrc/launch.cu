@@ -17,23 +17,34 @@ static const void* kernel_for(bool shared) {
                 : reinterpret_cast<const void*>(&weave::weave_moe_kernel<false>);
 }
 
-extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
-  const void* fn = kernel_for(params->inter_shared > 0);
-  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  // the weights' TMA descriptors: w13 [El][2I][H] as [2 El][I][H] (z = 2 le + half), w2 [El][H][I]
-  weave::Params p = *params;
-  const uint64_t H = p.hidden, I = p.inter, El = p.num_local_experts;
-  int rc = weave::encode_weight_map(&p.tmap_w13, p.w13, H, I, 2 * El);
-  if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2, p.w2, I, H, El);
-  // the shared expert's: w13s [2 Is][H] as [2][Is][H], w2s [H][Is] as [1][H][Is]
-  if (rc == 0 && p.inter_shared > 0) {
-    const uint64_t Is = p.inter_shared;
-    rc = weave::encode_weight_map(&p.tmap_w13s, p.w13s, H, Is, 2);
-    if (rc == 0) rc = weave::encode_weight_map(&p.tmap_w2s, p.w2s, Is, H, 1);
+// The TMA maps of the routed experts' weights (routed != 0: w13 [El][2I][H] as [2 El][I][H], z = 2 le + half;
+// w2 [El][H][I]) and of the shared expert's (shared != 0: w13s [2 Is][H] as [2][Is][H], w2s [H][Is] as [1][H][Is]),
+// written into *params. 0 or a cudaError_t code.
+extern "C" int weave_moe_encode_maps(weave::Params* p, int routed, int shared) {
+  const uint64_t H = p->hidden, I = p->inter, El = p->num_local_experts;
+  int rc = 0;
+  if (routed) {
+    rc = weave::encode_weight_map(&p->tmap_w13, p->w13, H, I, 2 * El);
+    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2, p->w2, I, H, El);
   }
-  if (rc != 0) return rc;
-  void* args[] = {&p};
+  if (rc == 0 && shared && p->inter_shared > 0) {
+    const uint64_t Is = p->inter_shared;
+    rc = weave::encode_weight_map(&p->tmap_w13s, p->w13s, H, Is, 2);
+    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2s, p->w2s, Is, H, 1);
+  }
+  return rc;
+}
+
+// Launches with the maps already in *params; set_smem_attr: raise the instantiation's dynamic shared memory limit
+// first (needed once per instantiation and device).
+extern "C" int weave_moe_launch_encoded(const weave::Params* params, void* stream, int cooperative, int set_smem_attr) {
+  const void* fn = kernel_for(params->inter_shared > 0);
+  cudaError_t err = cudaSuccess;
+  if (set_smem_attr) {
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  void* args[] = {const_cast<weave::Params*>(params)};
   // cudaLaunchKernelExC with the cooperative attribute: the same launch as cudaLaunchCooperativeKernel, and one
   // that stream capture records as a cooperative kernel node (the layer can be captured in a CUDA graph)
   cudaLaunchAttribute attr[1];
@@ -48,6 +59,14 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
   cfg.numAttrs = 1;
   err = cudaLaunchKernelExC(&cfg, fn, args);
   return static_cast<int>(err);
+}
+
+// One launch: the maps encoded, the attribute set, then the launch.
+extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int cooperative) {
+  weave::Params p = *params;
+  const int rc = weave_moe_encode_maps(&p, 1, 1);
+  if (rc != 0) return rc;
+  return weave_moe_launch_encoded(&p, stream, cooperative, 1);
 }
 
 // CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
