@@ -18,6 +18,11 @@ DeepSeek-V3's router, the router weight's dtype otherwise), so near-ties break t
 """
 from __future__ import annotations
 
+import json
+import re
+from contextlib import ExitStack
+from pathlib import Path
+
 import torch
 
 from .module import WeaveMoE, kernel_options
@@ -164,6 +169,30 @@ def from_hf_block(block, *, max_tokens: int, **kwargs) -> WeaveMoE:
     return moe
 
 
+def _moe_targets(model: torch.nn.Module) -> list:
+    """(name, module) of every submodule that looks like an MoE block (a gate and experts), not yet swapped."""
+    return [(name, mod) for name, mod in model.named_modules()
+            if name and hasattr(mod, "gate") and hasattr(mod, "experts") and not isinstance(mod, WeaveMoE)]
+
+
+def _refuse_router_logits(model, targets, what_to_do: str) -> None:
+    if targets and getattr(getattr(model, "config", None), "output_router_logits", False):
+        raise ValueError("the model's config has output_router_logits=True, and WeaveMoE blocks return no router "
+                         f"logits (transformers' auxiliary loss would fail on the missing ones): {what_to_do}")
+
+
+def _sharing(kwargs: dict, share_kernel: bool) -> tuple[bool, dict]:
+    """Whether blocks share kernels (kernel backend, no kernel= given), and the kwargs a sharing block takes."""
+    share = share_kernel and kwargs.get("backend", "kernel") == "kernel" and kwargs.get("kernel") is None
+    return share, {k: v for k, v in kwargs.items() if k not in kernel_options() | {"kernel"}}
+
+
+def _geometry(desc: dict, device) -> tuple:
+    """The key of the blocks that can share one kernel: their geometry and device."""
+    return tuple(desc["kwargs"].get(k, 0) for k in ("hidden", "inter", "num_experts", "top_k", "shared_inter")) \
+        + (str(device),)
+
+
 def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, share_kernel: bool = True, **kwargs) -> int:
     """Swap every submodule of `model` that describe_block accepts for a WeaveMoE (from_hf_block); returns how many.
     share_kernel (kernel backend): the blocks of one geometry and device run on one MoEMegakernel (WeaveMoE's
@@ -174,25 +203,17 @@ def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, share_kernel:
     nothing: every block is described before any is swapped, and a failure while swapping puts the swapped ones
     back. A WeaveMoE returns no router logits, so a model whose config asks for them (output_router_logits) is
     refused; an explicit model(..., output_router_logits=True) after the swap fails in transformers' own code."""
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if name and hasattr(mod, "gate") and hasattr(mod, "experts") and not isinstance(mod, WeaveMoE)]
-    if targets and getattr(getattr(model, "config", None), "output_router_logits", False):
-        raise ValueError("the model's config has output_router_logits=True, and WeaveMoE blocks return no router "
-                         "logits (transformers' auxiliary loss would fail on the missing ones): set "
-                         "model.config.output_router_logits = False first")
+    targets = _moe_targets(model)
+    _refuse_router_logits(model, targets, "set model.config.output_router_logits = False first")
     descs = [describe_block(mod) for _, mod in targets]  # every block supported, before the model changes
-    share = share_kernel and kwargs.get("backend", "kernel") == "kernel" and kwargs.get("kernel") is None
-    own = {k: v for k, v in kwargs.items() if k not in kernel_options() | {"kernel"}}  # a sharing block's
+    share, own = _sharing(kwargs, share_kernel)
     kernels = {}  # (geometry, device) -> the MoEMegakernel the first block of it built
     done = []
     try:
         for (name, mod), d in zip(targets, descs):
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            key = None
-            if share:
-                key = tuple(d["kwargs"].get(k, 0) for k in ("hidden", "inter", "num_experts", "top_k", "shared_inter")) \
-                    + (str(kwargs.get("device", d["weights"]["gate_up"].device)),)
+            key = _geometry(d, kwargs.get("device", d["weights"]["gate_up"].device)) if share else None
             if key in kernels:
                 moe = from_hf_block(mod, max_tokens=max_tokens, kernel=kernels[key], **own)
             else:
@@ -206,3 +227,340 @@ def replace_moe_blocks(model: torch.nn.Module, *, max_tokens: int, share_kernel:
             setattr(parent, attr, mod)
         raise
     return len(targets)
+
+
+# ---- a checkpoint loaded with each rank reading only its own experts ------------------------------------------------
+
+class CheckpointError(ValueError):
+    """The checkpoint does not hold what the model needs (a missing, unexpected, misshapen or quantized tensor)."""
+
+
+# The per-expert names of original checkpoints: gate (W1), up (W3), down (W2); Mixtral's w1 / w3 / w2.
+_EXPERT_PARTS = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
+_PER_EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
+_FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+
+
+def _safe_open(file: Path):
+    """A safetensors file, memory-mapped; load_model reads every tensor through it (keys, get_slice, get_tensor)."""
+    from safetensors import safe_open
+
+    return safe_open(str(file), framework="pt", device="cpu")
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    if not path.is_dir():
+        raise FileNotFoundError(f"load_model: {str(path)!r} is not a directory; it takes a local checkpoint "
+                                f"folder (config.json and *.safetensors; for a Hub model, the folder "
+                                f"huggingface_hub.snapshot_download returns)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"load_model: no config.json in {path}")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        names = ["model.safetensors"]
+    else:
+        other = sorted(f.name for f in path.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".gguf"))
+        has = f" (it has {', '.join(other[:3])}; load_model reads safetensors only)" if other else ""
+        raise FileNotFoundError(f"load_model: no model.safetensors or model.safetensors.index.json in {path}{has}")
+    files = [path / n for n in names]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"load_model: {index.name} names {f.name}, which is not in {path}")
+    return files
+
+
+def _renamer(model):
+    """checkpoint key -> the model's key, by the renamings transformers applies when it loads this model (e.g.
+    Mixtral's block_sparse_moe -> mlp, a missing or extra base-model prefix). Its converters (the per-expert ->
+    fused expert merges) are not applied: load_model reads experts itself."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    meta = model.state_dict()
+    prefix = model.base_model_prefix
+
+    def rename(key: str) -> str:
+        renamed, _ = rename_source_key(key, renamings, [], prefix, meta)
+        if renamed not in meta and key in meta:  # as transformers does: the key needed no renaming
+            renamed, _ = rename_source_key(key, [], [], prefix, meta)
+        return renamed
+
+    return rename
+
+
+def _dtype_rule(model, dtype: torch.dtype):
+    """(model key, its meta dtype) -> the dtype from_pretrained(dtype=) gives it: float32 for the modules the model
+    keeps in fp32 (DeepSeek's and GLM's router weight and correction bias), else the dtype it was built in."""
+    plan = model._get_dtype_plan(dtype)
+    if not plan:
+        return lambda key, meta_dtype: meta_dtype
+    from transformers.core_model_loading import build_glob_alternation
+
+    alternation, by_group, _ = build_glob_alternation(list(plan))
+
+    def rule(key: str, meta_dtype: torch.dtype) -> torch.dtype:
+        m = alternation.search(key)
+        return plan[by_group[m.lastgroup]] if m else meta_dtype
+
+    return rule
+
+
+def _set_tensor(model, key: str, value: torch.Tensor) -> None:
+    """Put `value` in place of the model's (meta) parameter or buffer `key`, marked loaded (transformers'
+    initialize_weights then leaves it alone)."""
+    path, _, name = key.rpartition(".")
+    mod = model.get_submodule(path) if path else model
+    if name in mod._buffers:
+        mod._buffers[name] = value
+    else:
+        value = torch.nn.Parameter(value, requires_grad=value.is_floating_point())
+        mod._parameters[name] = value
+    value._is_hf_initialized = True
+
+
+def _runs(local: list) -> list:
+    """(local index, global id, count) of the runs of consecutive experts in `local` (one slice read each)."""
+    runs = []
+    for j, e in enumerate(local):
+        if runs and runs[-1][1] + runs[-1][2] == e:
+            runs[-1][2] += 1
+        else:
+            runs.append([j, e, 1])
+    return runs
+
+
+def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
+    """Which checkpoint tensor fills what, from the checkpoint's keys, shapes and dtypes only (no tensor data is
+    read, so every rank finds the same errors before any collective). Raises CheckpointError."""
+    rename, meta = _renamer(model), model.state_dict()
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    ignore = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+    buffers = [n for n, _ in model.named_buffers()]
+    if any(n.endswith("rotary_emb.inv_freq") for n in buffers):  # what transformers also ignores
+        ignore.add(r"rotary_emb\.inv_freq")
+    if any(n.endswith("position_ids") for n in buffers):
+        ignore.add(r"(^|\.)position_ids$")
+    ignored = re.compile("|".join(f"({p})" for p in ignore)) if ignore else None
+    prefix_of = {name + ".": i for i, (name, _) in enumerate(targets)}
+    roles = []
+    for d in descs:
+        r = {n: role for role, n in d["names"].items() if role != "shared"}
+        r.update({n: ("shared", j) for j, n in enumerate(d["names"].get("shared", ()))})
+        roles.append(r)
+    blocks = [{"roles": {}, "experts": {}} for _ in targets]
+    dense, unexpected = {}, []
+
+    def block_of(key: str):
+        parts = key.split(".")
+        for n in range(len(parts) - 1, 0, -1):
+            i = prefix_of.get(".".join(parts[:n]) + ".")
+            if i is not None:
+                return i, ".".join(parts[n:])
+        return None, None
+
+    def put(into: dict, k, ckpt_key: str) -> None:
+        if k in into:
+            raise CheckpointError(f"load_model: {into[k]} and {ckpt_key} in {path} both hold {k}")
+        into[k] = ckpt_key
+
+    for ckpt_key in sorted(shapes):
+        key = rename(ckpt_key)
+        i, rel = block_of(key)
+        if i is not None:
+            m = _PER_EXPERT.fullmatch(rel)
+            if rel in roles[i]:
+                put(blocks[i]["roles"], roles[i][rel], ckpt_key)
+            elif m:
+                put(blocks[i]["experts"], (int(m.group(1)), _EXPERT_PARTS[m.group(2)]), ckpt_key)
+                blocks[i].setdefault("style", m.group(2))
+            elif key in meta and 0 in shapes[ckpt_key][0]:
+                pass  # a tensor of the HF block WeaveMoE does not need, empty (a shared expert of width 0)
+            else:
+                unexpected.append(ckpt_key)
+        elif key in tied:
+            pass  # from_pretrained would load it and tie over it
+        elif key in meta:
+            put(dense, key, ckpt_key)
+        elif not (ignored and (ignored.search(key) or ignored.search(ckpt_key))):
+            unexpected.append(ckpt_key)
+    if unexpected:
+        raise CheckpointError(f"load_model: {len(unexpected)} tensor(s) in {path} that this "
+                              f"{type(model).__name__} has no place for: {', '.join(unexpected[:5])}"
+                              f"{' ...' if len(unexpected) > 5 else ''}")
+
+    def check(ckpt_key: str, want: tuple, what: str) -> None:
+        shape, dt = shapes[ckpt_key]
+        if tuple(shape) != tuple(want):
+            raise CheckpointError(f"load_model: {ckpt_key} in {path} is {list(shape)}; {what} is {list(want)}")
+        if dt not in _FLOAT_DTYPES:
+            raise CheckpointError(f"load_model: {ckpt_key} in {path} is {dt}; load_model reads unquantized "
+                                  f"checkpoints ({', '.join(_FLOAT_DTYPES)})")
+
+    block_prefixes = tuple(prefix_of)
+    for key, t in meta.items():
+        if key.startswith(block_prefixes) or key in tied:
+            continue
+        if key not in dense:
+            raise CheckpointError(f"load_model: {path} has no {key} (the model's {tuple(t.shape)} tensor; names "
+                                  f"as the model has them, after transformers' renamings)")
+        check(dense[key], tuple(t.shape), key)
+    for (name, mod), d, b in zip(targets, descs, blocks):
+        kw, w = d["kwargs"], d["weights"]
+        E, H, I = kw["num_experts"], kw["hidden"], kw["inter"]
+        need = [r for r in d["names"] if r not in ("gate_up", "down")]
+        for role in need:
+            for j, n in enumerate(d["names"][role] if role == "shared" else (d["names"][role],)):
+                r = ("shared", j) if role == "shared" else role
+                if r not in b["roles"]:
+                    raise CheckpointError(f"load_model: {path} has no {name}.{n}")
+                check(b["roles"][r], tuple((w[role][j] if role == "shared" else w[role]).shape), f"{name}.{n}")
+        fused = [r for r in ("gate_up", "down") if r in b["roles"]]
+        if fused and b["experts"]:
+            raise CheckpointError(f"load_model: {path} holds {name}'s experts both fused ({b['roles'][fused[0]]}) "
+                                  f"and one by one ({next(iter(b['experts'].values()))})")
+        if fused:
+            for r, want in (("gate_up", (E, 2 * I, H)), ("down", (E, H, I))):
+                if r not in b["roles"]:
+                    raise CheckpointError(f"load_model: {path} has no {name}.{d['names'][r]}")
+                check(b["roles"][r], want, f"{name}.{d['names'][r]}")
+            b["layout"] = "fused"
+        elif b["experts"]:
+            names = ("w1", "w3", "w2") if b["style"] in ("w1", "w3", "w2") else ("gate_proj", "up_proj", "down_proj")
+            beyond = sorted(e for e, _ in b["experts"] if e >= E)
+            if beyond:
+                raise CheckpointError(f"load_model: {path} has {name}.experts.{beyond[0]}, and the block has {E} "
+                                      f"experts")
+            for e in range(E):
+                for part, want in enumerate(((I, H), (I, H), (H, I))):
+                    if (e, part) not in b["experts"]:
+                        raise CheckpointError(f"load_model: {path} has no {name}.experts.{e}.{names[part]}.weight")
+                    check(b["experts"][(e, part)], want, f"expert {e}'s {names[part]} of {name}")
+            b["layout"] = "per-expert"
+        else:
+            raise CheckpointError(f"load_model: {path} has no experts for {name}: neither {name}.experts.gate_up_proj "
+                                  f"/ down_proj (fused) nor {name}.experts.<e>.gate_proj.weight / up_proj / down_proj "
+                                  f"(one by one; Mixtral's w1 / w3 / w2)")
+    return {"dense": dense, "blocks": blocks}
+
+
+def load_model(path, *, max_tokens: int, group=None, device=None, config=None, share_kernel: bool = True,
+               **kwargs) -> torch.nn.Module:
+    """The causal LM of a local safetensors checkpoint (`path`: config.json and model.safetensors or a sharded
+    model.safetensors.index.json) in bf16, its MoE blocks WeaveMoE, with this rank reading only what it keeps: every
+    non-expert tensor whole, and of the routed experts only the rows of its own (moe.local, by the placement; any
+    placement). kwargs go to WeaveMoE (backend, placement, policy, ...), as in replace_moe_blocks, and so does group
+    (the expert-parallel process group); device (default: the current CUDA device, else the CPU) holds the whole
+    model. config replaces the checkpoint's config.json (e.g. with output_router_logits=False).
+
+    Experts may be stored fused (experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I], as transformers 5.x holds
+    them and writes with save_pretrained(save_original_format=False)) or one by one (experts.<e>.gate_proj / up_proj
+    / down_proj.weight, Mixtral's block_sparse_moe.experts.<e>.w1 / w3 / w2: the original checkpoints, and what
+    save_pretrained writes by default). The other tensors get what from_pretrained(path, dtype=torch.bfloat16)
+    gives them: its renamings, fp32 where the model keeps them in fp32, tied embeddings, buffers computed as it
+    computes them. Everything is checked before anything is read or built (every rank finds the same errors): a
+    missing, unexpected, misshapen or quantized tensor raises CheckpointError naming it, an unsupported block
+    UnsupportedBlock; and no parameter or buffer is left unloaded."""
+    import copy
+
+    import transformers
+
+    path = Path(path)
+    files = _checkpoint_files(path)
+    config = transformers.AutoConfig.from_pretrained(path) if config is None else copy.deepcopy(config)
+    if getattr(config, "quantization_config", None):
+        raise CheckpointError(f"load_model: {path} is quantized ({config.quantization_config}); WeaveMoE's experts "
+                              f"are bf16 and load_model reads unquantized checkpoints")
+    config.name_or_path = str(path)
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    targets = _moe_targets(model)
+    _refuse_router_logits(model, targets, "pass config= with output_router_logits=False")
+    descs = [describe_block(mod) for _, mod in targets]
+    dtype_of = _dtype_rule(model, torch.bfloat16)
+    meta = model.state_dict()
+    with ExitStack() as stack:
+        handles, shapes = {}, {}
+        for f in files:
+            h = stack.enter_context(_safe_open(f))
+            for k in h.keys():
+                if k in handles:
+                    raise CheckpointError(f"load_model: {k} is in two files of {path}")
+                sl = h.get_slice(k)
+                handles[k], shapes[k] = h, (tuple(sl.get_shape()), sl.get_dtype())
+        plan = _plan(model, targets, descs, shapes, path)
+
+        share, own = _sharing(kwargs, share_kernel)  # the blocks, as replace_moe_blocks builds them (collective)
+        kernels, moes = {}, []
+        for d in descs:
+            key = _geometry(d, dev) if share else None
+            if key in kernels:
+                moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, group=group, device=dev, kernel=kernels[key],
+                               **own)
+            else:
+                moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, group=group, device=dev, **kwargs)
+                if key is not None:
+                    kernels[key] = moe.layer
+            moes.append(moe)
+        for (name, _), moe in zip(targets, moes):
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, attr, moe)
+
+        def read(ckpt_key: str, model_key: str) -> torch.Tensor:
+            t = handles[ckpt_key].get_tensor(ckpt_key)
+            return t.to(device=dev, dtype=dtype_of(model_key, meta[model_key].dtype))
+
+        with torch.no_grad():
+            for key, ckpt_key in plan["dense"].items():
+                _set_tensor(model, key, read(ckpt_key, key))
+            for (name, _), d, b, moe in zip(targets, descs, plan["blocks"], moes):
+                r, n = b["roles"], d["names"]
+                moe.load_router(read(r["router"], f"{name}.{n['router']}"),
+                                read(r["score_bias"], f"{name}.{n['score_bias']}") if "score_bias" in r else None)
+                if "shared" in n:
+                    moe.load_shared(*(read(r[("shared", j)], f"{name}.{n['shared'][j]}") for j in range(3)),
+                                    gate_weight=read(r["shared_gate"], f"{name}.{n['shared_gate']}")
+                                    if "shared_gate" in n else None)
+                I = moe.inter
+                if b["layout"] == "fused":
+                    gate_up, down = (handles[r[k]].get_slice(r[k]) for k in ("gate_up", "down"))
+                    for j, e, cnt in _runs(moe.local):  # only this rank's rows of the [E, ...] tensors
+                        moe.w13[j:j + cnt].copy_(gate_up[e:e + cnt])
+                        moe.w2[j:j + cnt].copy_(down[e:e + cnt])
+                else:
+                    for j, e in enumerate(moe.local):
+                        g, u, dn = (handles[k].get_tensor(k) for k in (b["experts"][(e, p)] for p in range(3)))
+                        moe.w13[j, :I].copy_(g)
+                        moe.w13[j, I:].copy_(u)
+                        moe.w2[j].copy_(dn)
+    model.tie_weights()
+    _finish(model, dev, path)
+    if (path / "generation_config.json").is_file() and model.can_generate():
+        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
+    return model.eval()
+
+
+def _finish(model, dev: torch.device, path: Path) -> None:
+    """What from_pretrained does after loading: the non-persistent buffers (rotary inv_freq, ...) computed by the
+    model's initialize_weights, which skips what was loaded; then no tensor may be left on the meta device."""
+    def left(only_persistent: bool) -> list:
+        skip = {n for n, _ in model.named_non_persistent_buffers()} if only_persistent else set()
+        return [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta and n not in skip]
+
+    missing = left(only_persistent=True)
+    if missing:  # _plan found every tensor in the checkpoint: this would be a gap in load_model itself
+        raise CheckpointError(f"load_model: {', '.join(missing[:5])} not loaded from {path}")
+    for name, buf in list(model.named_non_persistent_buffers()):
+        path_, _, attr = name.rpartition(".")
+        (model.get_submodule(path_) if path_ else model)._buffers[attr] = torch.empty_like(buf, device=dev)
+    for mod in model.modules():
+        if isinstance(mod, WeaveMoE):  # loaded; not a module transformers knows how to initialise
+            mod._is_hf_initialized = True
+    model.initialize_weights()
+    missing = left(only_persistent=False)
+    if missing:
+        raise CheckpointError(f"load_model: {', '.join(missing[:5])} left uninitialised")
