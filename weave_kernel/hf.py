@@ -1,9 +1,22 @@
 """Hugging Face transformers MoE blocks -> WeaveMoE, by the blocks' structure (transformers 5.x layout).
 
+    from weave_kernel.hf import load_model
+    model = load_model(folder, max_tokens=8192, group=ep_group)   # each rank reads only its own experts
     from weave_kernel.hf import replace_moe_blocks
-    n = replace_moe_blocks(model, max_tokens=8192)     # every supported MoE block of the model, in place
+    n = replace_moe_blocks(model, max_tokens=8192)     # every supported MoE block of a loaded model, in place
     from weave_kernel.hf import from_hf_block
     moe = from_hf_block(model.model.layers[3].mlp, max_tokens=8192, backend="torch")
+
+load_model builds the model from the folder's config.json on the meta device, swaps its MoE blocks, and then reads
+the safetensors files (one or sharded): every non-expert tensor whole, and of each block's routed experts only the
+rows of this rank's (moe.local; any placement), from either layout: fused experts.gate_up_proj / down_proj (what
+transformers 5.x holds, and writes with save_pretrained(save_original_format=False)) or one tensor per expert and
+matrix (experts.<e>.gate_proj / up_proj / down_proj.weight; Mixtral's block_sparse_moe.experts.<e>.w1 / w3 / w2: the
+original checkpoints, and save_pretrained's default). A rank's host memory is then the non-expert weights plus its
+own experts, not the checkpoint. The model equals from_pretrained(folder, dtype=torch.bfloat16) followed by
+replace_moe_blocks, tensor for tensor (tests/kernel/test_hf_load.py: Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V2,
+DeepSeek-V3, OLMoE; 1 and 2 ranks). A tensor it cannot place, or one the model needs and the checkpoint lacks,
+raises CheckpointError naming it; quantized checkpoints (FP8, ...) are refused.
 
 A block qualifies when it has
 - `gate`: one of the routers in ROUTERS (Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE, OLMoE, DeepSeek-V2,
