@@ -487,8 +487,9 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
         raise CheckpointError(f"load_model: {path} is quantized ({config.quantization_config}); WeaveMoE's experts "
                               f"are bf16 and load_model reads unquantized checkpoints")
     config.name_or_path = str(path)
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and dev.index is None:  # the kernel wants its index
+        dev = torch.device("cuda", torch.cuda.current_device())
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     targets = _moe_targets(model)
