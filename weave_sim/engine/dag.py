@@ -10,7 +10,8 @@ Tasks (ids are a topological order: every edge goes from a lower id to a higher 
     gemm0_done[rb]     barrier: all GEMM0 column tiles of rb are done (GEMM1 reads their output)
     gemm1              a batch of GEMM1 tiles (down projection) of one row block
     chunk_done[g, k]   barrier: every GEMM1 task of the row blocks in combine chunk k is done
-    combine            a chunk of result rows pushed back from the computing GPU to the tokens' GPU
+    combine            a chunk of result rows pushed back from the computing GPU to the tokens' GPU (under the
+                       megakernel's sequential also a chunk of local rows copied in HBM: peer = gpu, no link bytes)
     shared gemm0/gemm1 (SimOptions.shared 'first' or 'last') the shared experts on g's own tokens: row blocks of
                        tile_rows tokens, GEMM0 after counts_known[g] (and seq_gate[g]), a per-block gemm0_done
                        barrier, GEMM1; no dispatch or combine (chunk -1). Under sequential they are GEMM-phase
@@ -473,20 +474,32 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         own, k = _ranges(chunk_base[s1_gpu], chunk_base[s1_gpu] + K[s1_gpu] - 1)
         b.edges(s1[own], cdone[k])
 
-    # Combine: rows of chunk k on g that belong to source s go back to s in transfers of cr rows.
+    # Combine: rows of chunk k on g that belong to source s go back to s in transfers of cr rows. Local rows do
+    # not move, except under the megakernel's sequential (plan.fused): its GEMM1 writes every result in place over
+    # the receive rows and its combine phase copies all of them, local ones included, to their combine slots
+    # (csrc megakernel.cuh sequential_combine). A local piece is a copy in g's HBM: no link bytes, its rows read
+    # and written at an SM's share of HBM bandwidth, as the reduction is charged.
+    copy_local = seq and plan.fused
     comb_own, comb_rows = [], []
     for g, x in enumerate(geo):
         per = np.zeros((K[g], G), dtype=np.int64)  # [chunk, ring position]
         np.add.at(per, rb_chunk[rb_gpu == g], x["overlap"])
-        per[:, 0] = 0  # local rows do not move
+        if not copy_local:
+            per[:, 0] = 0  # local rows do not move
         comb_rows.append(per.ravel())
         comb_own.append(np.stack(np.meshgrid(np.arange(K[g]), ring[g], indexing="ij"), -1).reshape(-1, 2))
     comb_rows, comb_own = np.concatenate(comb_rows), np.concatenate(comb_own)
     comb_src = np.repeat(np.arange(G), K * G)
     own, idx, rows = _split(comb_rows, cr)
     src, dst, k = comb_src[own], comb_own[own, 1], comb_own[own, 0]
-    comb = b.add(K_COMBINE, src, peer=dst, nbytes=rows * row_bytes, chunk=k,
-                 prio=_COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G)
+    prio = _COMBINE_PRIO + (k.astype(np.int64) << 32) + idx * G + (dst - src) % G
+    if copy_local:
+        local = dst == src
+        copy_ns = np.ceil(2 * rows * row_bytes / per_sm_hbm_gbs).astype(np.int64)
+        comb = b.add(K_COMBINE, src, peer=dst, nbytes=np.where(local, 0, rows * row_bytes),
+                     work_ns=np.where(local, copy_ns, 0), chunk=k, prio=prio)
+    else:
+        comb = b.add(K_COMBINE, src, peer=dst, nbytes=rows * row_bytes, chunk=k, prio=prio)
     b.edges(cdone[chunk_base[src] + k], comb)
 
     if on and not seq:
