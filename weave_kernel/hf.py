@@ -84,7 +84,8 @@ def describe_block(block) -> dict:
     block's structure, attributes, shapes and dtypes, so it works on a model built on the meta device too.
     Returns {"kwargs": WeaveMoE's arguments, "weights": the block's tensors by role (router, score_bias, gate_up,
     down, and shared (gate, up, down) / shared_gate where there are), "names": each role's name inside the block
-    (e.g. "experts.gate_up_proj"; a tuple of three for "shared")}. load_block_weights copies the weights."""
+    (e.g. "experts.gate_up_proj"; a tuple of three for "shared"), and "unused": the names of a shared expert of
+    width 0 and its gate, which add nothing}. load_block_weights copies the weights."""
     name = type(block).__name__
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
     if gate is None or experts is None or not isinstance(getattr(gate, "weight", None), torch.Tensor):
@@ -146,17 +147,22 @@ def describe_block(block) -> dict:
                 raise UnsupportedBlock(f"{name}: shared_expert_gate is not a Linear H -> 1 without bias")
             kw["shared_gate"] = True
             weights["shared_gate"] = sgate.weight
-    return {"kwargs": kw, "weights": weights, "names": _role_names(block, weights)}
+    unused = []  # a shared expert of width 0 and its gate: tensors of the block WeaveMoE has no use for
+    if shared is not None and "shared" not in weights:
+        unused = [*shared.parameters(), *getattr(block, "shared_expert_gate", torch.nn.Module()).parameters()]
+    return {"kwargs": kw, "weights": weights, "names": _role_names(block, weights, unused)}
 
 
-def _role_names(block, weights: dict) -> dict:
-    """Each role's parameter (or buffer) name inside `block`, found by identity."""
+def _role_names(block, weights: dict, unused: list) -> dict:
+    """Each role's parameter (or buffer) name inside `block`, found by identity; "unused": the names of `unused`."""
     by_id = {id(t): n for n, t in (*block.named_parameters(), *block.named_buffers())}
     names = {}
     for role, t in weights.items():
         if t is None:
             continue
         names[role] = tuple(by_id[id(x)] for x in t) if role == "shared" else by_id[id(t)]
+    if unused:
+        names["unused"] = tuple(by_id[id(t)] for t in unused)
     return names
 
 
@@ -360,8 +366,9 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
     prefix_of = {name + ".": i for i, (name, _) in enumerate(targets)}
     roles = []
     for d in descs:
-        r = {n: role for role, n in d["names"].items() if role != "shared"}
+        r = {n: role for role, n in d["names"].items() if role not in ("shared", "unused")}
         r.update({n: ("shared", j) for j, n in enumerate(d["names"].get("shared", ()))})
+        r.update(dict.fromkeys(d["names"].get("unused", ()), "unused"))
         roles.append(r)
     blocks = [{"roles": {}, "experts": {}} for _ in targets]
     dense, unexpected = {}, []
@@ -384,13 +391,13 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
         i, rel = block_of(key)
         if i is not None:
             m = _PER_EXPERT.fullmatch(rel)
-            if rel in roles[i]:
+            if roles[i].get(rel) == "unused":
+                pass  # a shared expert of width 0, or its gate
+            elif rel in roles[i]:
                 put(blocks[i]["roles"], roles[i][rel], ckpt_key)
             elif m:
                 put(blocks[i]["experts"], (int(m.group(1)), _EXPERT_PARTS[m.group(2)]), ckpt_key)
                 blocks[i].setdefault("style", m.group(2))
-            elif key in meta and 0 in shapes[ckpt_key][0]:
-                pass  # a tensor of the HF block WeaveMoE does not need, empty (a shared expert of width 0)
             else:
                 unexpected.append(ckpt_key)
         elif key in tied:
@@ -423,7 +430,7 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
     for (name, mod), d, b in zip(targets, descs, blocks):
         kw, w = d["kwargs"], d["weights"]
         E, H, I = kw["num_experts"], kw["hidden"], kw["inter"]
-        need = [r for r in d["names"] if r not in ("gate_up", "down")]
+        need = [r for r in d["names"] if r not in ("gate_up", "down", "unused")]
         for role in need:
             for j, n in enumerate(d["names"][role] if role == "shared" else (d["names"][role],)):
                 r = ("shared", j) if role == "shared" else role

@@ -154,6 +154,29 @@ def test_load_model_is_from_pretrained_with_the_blocks_swapped(checkpoints, name
         assert got.lm_head.weight is got.model.embed_tokens.weight
 
 
+def test_shared_experts_of_width_zero_are_skipped(tmp_path):
+    """DeepSeek-V2 with n_shared_experts=0 and Qwen2-MoE with shared_expert_intermediate_size=0 save their width-0
+    shared expert (and Qwen's its [1, H] gate): blocks without a shared expert (as replace_moe_blocks makes them),
+    the tensors skipped, the rest equal to from_pretrained + replace_moe_blocks."""
+    from transformers import AutoModelForCausalLM, DeepseekV2Config, Qwen2MoeConfig
+
+    cfgs = {"deepseek-v2": DeepseekV2Config(vocab_size=V, hidden_size=H, intermediate_size=128,
+                                            moe_intermediate_size=64, n_routed_experts=E, n_shared_experts=0, num_experts_per_tok=2,
+                                            topk_method="greedy", num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=2, kv_lora_rank=32, qk_nope_head_dim=16,
+                                            qk_rope_head_dim=16, v_head_dim=16, q_lora_rank=None,
+                                            first_k_dense_replace=0),
+            "qwen2-moe": Qwen2MoeConfig(vocab_size=V, hidden_size=H, intermediate_size=128, moe_intermediate_size=64,
+                                        shared_expert_intermediate_size=0, num_experts=E, num_experts_per_tok=2,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)}
+    for name, cfg in cfgs.items():
+        _random_model(name, cfg, seed=3).save_pretrained(tmp_path / name)
+        got = load_model(tmp_path / name, max_tokens=64, backend="torch", device="cpu")
+        ref = AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=torch.bfloat16)
+        replace_moe_blocks(ref, max_tokens=64, backend="torch")
+        assert got.model.layers[0].mlp.w13s is None and _same_tensors(got, ref) == []
+
+
 class _Recorder:
     """A safetensors handle that records what is read: (key, rows) per read, rows None for a whole tensor."""
 
