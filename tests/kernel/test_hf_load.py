@@ -161,8 +161,9 @@ def test_shared_experts_of_width_zero_are_skipped(tmp_path):
     from transformers import AutoModelForCausalLM, DeepseekV2Config, Qwen2MoeConfig
 
     cfgs = {"deepseek-v2": DeepseekV2Config(vocab_size=V, hidden_size=H, intermediate_size=128,
-                                            moe_intermediate_size=64, n_routed_experts=E, n_shared_experts=0, num_experts_per_tok=2,
-                                            topk_method="greedy", num_hidden_layers=1, num_attention_heads=2,
+                                            moe_intermediate_size=64, n_routed_experts=E, n_shared_experts=0,
+                                            num_experts_per_tok=2, topk_method="greedy", num_hidden_layers=1,
+                                            num_attention_heads=2,
                                             num_key_value_heads=2, kv_lora_rank=32, qk_nope_head_dim=16,
                                             qk_rope_head_dim=16, v_head_dim=16, q_lora_rank=None,
                                             first_k_dense_replace=0),
