@@ -269,6 +269,8 @@ class MoEMegakernel:
         self.num_local_experts = num_experts // self.world
         self.max_tokens = max_tokens
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current device, named
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout_ns = int(timeout_s * 1e9)
         dispatch_issuers(dispatch)  # checked here, before anything is built
         self.dispatch = dispatch

@@ -180,7 +180,7 @@ class WeaveMoE(torch.nn.Module):
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
         self.on_overflow = on_overflow
         self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
-        dev = torch.device(device) if device is not None else (
+        dev = _full_device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         if backend == "kernel" and (dev.type != "cuda" or not torch.cuda.is_available()):
             raise RuntimeError(f"backend='kernel' runs the CUDA megakernel (Hopper GPUs) and needs a CUDA device, not "
@@ -388,8 +388,11 @@ class WeaveMoE(torch.nn.Module):
 
 
 def _full_device(d) -> torch.device:
+    """d as a torch.device; "cuda" without an index is the current CUDA device, named (where CUDA is available)."""
     d = torch.device(d)
-    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
 
 
 def _same_placement(a, b, world: int) -> bool:

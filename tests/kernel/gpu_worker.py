@@ -274,7 +274,11 @@ def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: 
     kw = dict(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, max_tokens=max(tokens), scoring=scoring,
               norm_topk=norm, routed_scale=scale, score_bias=bias, shared_inter=shared_inter, shared_gate=gated,
               n_group=n_group, topk_group=topk_group)
-    mods = {b: WeaveMoE(**kw, backend=b) for b in ("kernel", "torch")}
+    mods = {b: WeaveMoE(**kw, backend=b, device="cuda") for b in ("kernel", "torch")}  # "cuda": the current device
+    for b, m in mods.items():
+        if m.w13.device != dev or (b == "kernel" and m.layer.device != dev):
+            FAILURES.append(f"{name} {b}: device='cuda' gave {m.w13.device}")
+            log(f"FAIL {name:<34} WeaveMoE {b} backend, device='cuda' gave {m.w13.device}, not {dev}")
     for m in mods.values():
         m.load_router(router, sbias if bias else None)
         m.load_experts(gate, up, down)
