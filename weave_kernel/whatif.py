@@ -27,6 +27,13 @@ Variants (--variant):
   piece:NS  every dispatch piece's fixed cost (fence, flag, the copy's start and drain) NS ns instead of the
             profile's (fixed_ns.dispatch_piece, else signal): what a dispatch that hides it, e.g. by flagging a
             piece while the next one is copied, would be worth. Measured: python -m weave_kernel.piece_cost.
+  fp8:S     FP8 experts (not built): e4m3 weights with 128 x 128 block scales (half the bytes each tile streams),
+            dispatch rows in e4m3 with a scale per 128 elements (about half the bytes pushed; combine rows stay
+            bf16), and tiles S times the profile's per-SM rate (the chip's peak doubled, FP8's dense peak). S is what
+            FP8 tiles would reach at the board's power state: tests/kernel/fp8_probe.py measured 1.29-1.51x for
+            cuBLAS's grouped FP8 GEMMs over its bf16 ones where both ran at the 700 W cap (docs/kernel.md, "FP8
+            experts: what they would buy"). With a power model the energy per FLOP is divided by S too, so the
+            faster tiles draw the power the bf16 ones did: S is taken as the rate at the same power.
   decide:NS weave's choice costing NS ns (the EP=2 profiles say 7808, measured from the kernel's choose records;
             600 before, the paper's figure): "as built" here is
             the kernel before 9caebac, where every SM waited for it; "changed" the kernel since, where only the
@@ -102,6 +109,18 @@ def with_fixed_cost(profile, key: str, ns: float):
     return profile_from_dict(raw, origin=f"{profile.name}, {key} {int(round(ns))} ns")
 
 
+def fp8_profile(profile, speedup: float):
+    """`profile` for FP8 tiles: per-SM GEMM rates x speedup, the chip's GEMM peak doubled (FP8's dense peak), and
+    with a power model the energy per FLOP / speedup (the same power at the faster rate)."""
+    raw = json.loads(json.dumps(profile.raw))
+    gemm = raw["gemm"]
+    gemm["per_sm_tflops_by_rows"] = {k: v * speedup for k, v in gemm["per_sm_tflops_by_rows"].items()}
+    gemm["peak_tflops"] = 2.0 * gemm["peak_tflops"]
+    if raw.get("power"):
+        raw["power"]["w_per_tflops"] = raw["power"]["w_per_tflops"] / speedup
+    return profile_from_dict(raw, origin=f"{profile.name}, FP8 tiles x{speedup}")
+
+
 def parse_variant(text: str) -> tuple[str, float]:
     if text in ("dedup", "nosteal", "queue"):
         return text, 1.0
@@ -110,7 +129,7 @@ def parse_variant(text: str) -> tuple[str, float]:
         if r.isdigit() and 0 < int(r) <= 128 and 128 % int(r) == 0:
             return "pad", float(r)
         raise ValueError(f"variant {text!r}: pad:R needs R dividing 128 (e.g. pad:64)")
-    for kind in ("gemm", "push", "energy", "decide", "piece"):
+    for kind in ("gemm", "push", "energy", "decide", "piece", "fp8"):
         if text.startswith(kind + ":"):
             try:
                 s = float(text.split(":", 1)[1])
@@ -118,8 +137,8 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = -1.0
             if s > 0 or (kind == "piece" and s == 0):
                 return kind, s
-    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'queue', 'gemm:S', 'push:S' or 'energy:S' with S > 0 "
-                     "(e.g. gemm:1.2), 'decide:NS' with NS > 0, 'piece:NS' with NS >= 0, or 'pad:R'")
+    raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'queue', 'gemm:S', 'push:S', 'energy:S' or "
+                     "'fp8:S' with S > 0 (e.g. gemm:1.2), 'decide:NS' with NS > 0, 'piece:NS' with NS >= 0, or 'pad:R'")
 
 
 def result_workload(result: dict, dispatch_rows=None):
@@ -206,6 +225,8 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
         changed, changed_opts, changed_profile = as_built, opts, with_fixed_cost(profile, "dispatch_piece", speedup)
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
+    elif kind == "fp8":
+        changed, changed_opts, changed_profile = as_built, {**opts, "expert_dtype": "fp8"}, fp8_profile(profile, speedup)
     elif kind == "push":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, push=speedup)
     else:
@@ -231,7 +252,7 @@ def main(argv=None) -> int:
                     help="dedup, nosteal (weave's split without stealing), queue (dispatch pieces from a ticket, not "
                          "round-robin), piece:NS (a dispatch piece's fixed cost NS ns), gemm:S (tiles S times faster), push:S (comm "
                          "CTAs S times faster), energy:S (energy per FLOP x S; power profiles), pad:R (a block's MMAs "
-                         "cost its rows rounded up to R) or decide:NS (every SM waiting for an NS-ns choice, before "
+                         "cost its rows rounded up to R), fp8:S (FP8 experts, tiles S times faster) or decide:NS (every SM waiting for an NS-ns choice, before "
                          "9caebac, vs the deciding SMs only)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
@@ -253,7 +274,8 @@ def main(argv=None) -> int:
             "gemm": f"GEMM tiles {factor}x faster",
             "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
             "pad": f"MMAs of rows rounded up to {int(factor)}",
-            "decide": f"the choice ({int(factor)} ns) made by the SMs below max_comm_sms only"}[kind]
+            "decide": f"the choice ({int(factor)} ns) made by the SMs below max_comm_sms only",
+            "fp8": f"FP8 experts (half the weight and dispatch bytes, tiles {factor}x faster; bound: the bf16 layer's)"}[kind]
     built = "every SM waiting for the choice (before 9caebac)" if kind == "decide" else "the kernel as built"
     print(f"simulator ({args.profile}): {built} vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
@@ -268,8 +290,12 @@ def main(argv=None) -> int:
               f"{r['bound_ms'] / a['kernel:weave']:>6.1%}->{r['bound_ms'] / d['kernel:weave']:<6.1%}")
     gains = [r["as_built"]["kernel:weave"] / r["changed"]["kernel:weave"] for r in rows]
     if gains:
-        print(f"geomean predicted gain of {args.variant} under weave: "
-              f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}x over {len(gains)} configurations")
+        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+        vs20 = {side: geo([r[side]["kernel:static:20"] / r[side]["kernel:weave"] for r in rows])
+                for side in ("as_built", "changed")}
+        print(f"geomean predicted gain of {args.variant} under weave: {geo(gains):.3f}x, under static:20 "
+              f"{geo([r['as_built']['kernel:static:20'] / r['changed']['kernel:static:20'] for r in rows]):.3f}x "
+              f"over {len(gains)} configurations; weave vs static:20 {vs20['as_built']:.3f}x -> {vs20['changed']:.3f}x")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

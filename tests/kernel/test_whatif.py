@@ -257,3 +257,26 @@ def test_whatif_and_gap_warn_when_the_profile_fits_another_kernel(tmp_path, caps
             out, err = capsys.readouterr()
             assert "simulator (h200-megakernel)" in out
             assert ("was fitted to kernel sources" in err) == warned, (tool.__name__, sources)
+
+
+def test_whatif_fp8_halves_the_bytes_and_never_slows():
+    """fp8:S: e4m3 weights and dispatch rows (with their scales) and tiles S times faster. With S = 1 only the bytes
+    change: never slower; with S > 1 faster than S = 1. A power profile keeps the power of the bf16 tiles."""
+    import pytest
+
+    from weave_kernel.whatif import fp8_profile, parse_variant
+
+    r = _result(top_k=4, tokens=1024)
+    prof = load_profile("h200-megakernel")
+    bytes_only = whatif_result(r, prof, CFG, variant="fp8:1")
+    faster = whatif_result(r, prof, CFG, variant="fp8:1.5")
+    for p in bytes_only["as_built"]:
+        assert bytes_only["changed"][p] <= bytes_only["as_built"][p] * 1.0001, p
+        assert faster["changed"][p] < bytes_only["changed"][p], p
+    assert parse_variant("fp8:1.41") == ("fp8", 1.41)
+    with pytest.raises(ValueError, match="unknown variant"):
+        parse_variant("fp8:0")
+    p8 = fp8_profile(load_profile("h200-megakernel-power"), 1.5)
+    base = load_profile("h200-megakernel-power")
+    assert p8.gemm_peak_tflops == 2 * base.gemm_peak_tflops
+    assert p8.raw["power"]["w_per_tflops"] == pytest.approx(base.raw["power"]["w_per_tflops"] / 1.5)

@@ -62,6 +62,7 @@ K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
 C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
 KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
 DISPATCH_ORDERS = ("token", "expert", "piece")  # see "Row layout" above
+EXPERT_DTYPES = ("bf16", "fp8")  # SimOptions.expert_dtype: what an expert weight and a dispatched element cost in bytes
 SHARED_ORDERS = ("off", "first", "last")  # shared experts' tiles in the GEMM queue (see "Shared experts" above)
 SHARED_FIRST, SHARED_LAST = 1, 2  # TaskGraph.shared: 0 = not a shared-expert task
 _COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
@@ -253,7 +254,8 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
                 tile_cols: int = 128, comm_chunk_rows: int | None = None,
                 gemm_tasks_per_sm: int | None = 32, dispatch_order: str = "token",
                 segment_pad_rows: int | None = None, expert_pad_rows: int | None = None,
-                piece_deal: str = "round-robin", gemm_clock=None, shared: str = "off") -> TaskGraph:
+                piece_deal: str = "round-robin", gemm_clock=None, shared: str = "off",
+                expert_dtype: str = "bf16") -> TaskGraph:
     """The task DAG of layer `w` under `plan` (plan fixes K per GPU and the sequential barriers).
 
     gemm_clock: None, or per GPU the SM clock as a fraction of the one the profile's GEMM rates hold at
@@ -265,12 +267,19 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     piece_deal: with 'piece' order, 'round-robin' (the kernel's) or 'queue' (SimOptions).
     shared: one of SHARED_ORDERS, the shared experts' position in the GEMM queue ('off': none; a no-op for a model
     without shared experts).
+    expert_dtype: one of EXPERT_DTYPES (SimOptions): bytes per weight element streamed by the tiles and per element of
+    a dispatched row ('fp8': 1, plus one fp32 scale per 128 x 128 weight block and per 128 row elements).
     """
     if shared not in SHARED_ORDERS:
         raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {shared!r}")
+    if expert_dtype not in EXPERT_DTYPES:
+        raise ValueError(f"expert_dtype must be one of {EXPERT_DTYPES}, got {expert_dtype!r}")
     G, N = w.num_gpus, profile.num_sms
     H, I = w.model.hidden_size, w.model.expert_ffn_size
-    row_bytes = w.model.row_bytes
+    row_bytes = w.model.row_bytes  # combine rows and the reduction: bf16
+    fp8 = expert_dtype == "fp8"
+    disp_row_bytes = H + 4 * -(-H // 128) if fp8 else row_bytes
+    weight_elem_bytes = 1.0 + 4.0 / (128 * 128) if fp8 else 2.0
     cr = int(comm_chunk_rows or tile_rows)
     fx = profile.fixed_ns
     seq = plan.sequential
@@ -323,7 +332,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         piece_ns = np.round(per_piece * pieces.ravel() / np.maximum(nch, 1)).astype(np.int64)[st_own]
     else:
         piece_ns = 0
-    disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * row_bytes, work_ns=piece_ns,
+    disp = b.add(K_DISPATCH, st_src, peer=st_dst, nbytes=st_rows * disp_row_bytes, work_ns=piece_ns,
                  prio=st_idx * G + (st_dst - st_src) % G)
     b.edges(known[st_src], disp)
     stream_base = base + (disp[0] if disp.size else 0)
@@ -408,8 +417,9 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         col_lo = t * bsz[own] * tile_cols
         cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
         flops = 2.0 * cost_rows[own] * k_dim * out_mult * cols
-        # Weight slice (bf16) streamed from HBM once per expert, shared by its row blocks (L2 reuse).
-        weight_bytes = 2.0 * k_dim * out_mult * cols / blocks[own]
+        # Weight slice (bf16, or fp8 with its block scales) streamed from HBM once per expert, shared by its row
+        # blocks (L2 reuse).
+        weight_bytes = weight_elem_bytes * k_dim * out_mult * cols / blocks[own]
         # A tile's fixed cost (profile gemm.k_fixed) makes short-K tiles slower per FLOP than the calibrated
         # K, long-K tiles faster; the factor is 1 without it.
         flop_ns = flops / rate[own] * profile.k_factor(k_dim)

@@ -16,7 +16,7 @@ from ..presets import ModelPreset
 from ..profile import HardwareProfile
 from ..workload import LayerWorkload, layer_workload
 from .core import LayerSim
-from .dag import SHARED_ORDERS, build_graph
+from .dag import EXPERT_DTYPES, SHARED_ORDERS, build_graph
 from .metrics import LayerResult, summarize
 from .plan import Plan
 from .policies import parse_policy
@@ -57,6 +57,10 @@ class SimOptions:
         dispatch or combine; dag.py "Shared experts"): 'off' (not simulated), 'first' (their tiles ahead of every
         routed tile in the GPU's GEMM queue) or 'last' (after every routed tile). A no-op for a model without
         shared experts.
+    expert_dtype: 'bf16' (the megakernel) or 'fp8' (not built; weave_kernel.whatif --variant fp8:S): e4m3 expert
+        weights with one fp32 scale per 128 x 128 block, streamed at 1 byte per element, and dispatch rows of 1 byte
+        per element plus one fp32 scale per 128 (the combine rows, the reduction and the tiles' outputs stay bf16).
+        The tiles' FLOP rate is the profile's; the FP8 rate is the what-if's to give.
     """
 
     seed: int = 0
@@ -73,6 +77,7 @@ class SimOptions:
     kernel_deciders: str = "table"
     piece_deal: str = "round-robin"
     shared: str = "off"
+    expert_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         from .dag import DISPATCH_ORDERS
@@ -96,6 +101,8 @@ class SimOptions:
             raise ValueError(f"kernel_deciders must be one of {DECIDER_MODES}, got {self.kernel_deciders!r}")
         if self.shared not in SHARED_ORDERS:
             raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {self.shared!r}")
+        if self.expert_dtype not in EXPERT_DTYPES:
+            raise ValueError(f"expert_dtype must be one of {EXPERT_DTYPES}, got {self.expert_dtype!r}")
         if self.fairness not in FAIRNESS:
             raise ValueError(f"fairness must be one of {FAIRNESS}, got {self.fairness!r}")
 
@@ -124,7 +131,8 @@ class SimContext:
                                             gemm_tasks_per_sm=o.gemm_tasks_per_sm,
                                             dispatch_order=o.dispatch_order, segment_pad_rows=o.segment_pad_rows,
                                             expert_pad_rows=o.expert_pad_rows, piece_deal=o.piece_deal,
-                                            gemm_clock=None if ck is None else np.array(ck), shared=o.shared)
+                                            gemm_clock=None if ck is None else np.array(ck), shared=o.shared,
+                                            expert_dtype=o.expert_dtype)
         return self._graphs[key]
 
     @property
