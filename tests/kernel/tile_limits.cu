@@ -24,6 +24,11 @@
 //   mode 13 mode 8 without the multicast: the same 2-CTA clusters, pairs of row blocks and cross-CTA "empty"
 //           barriers (a stage is refilled once both CTAs released it), but each CTA loads all of its own B (tells
 //           the cost of the pairs' lock-step from the cost of the multicast itself)
+//   mode 14 mode 7 in FP8: A and B e4m3 (random values in [-1, 1]), wgmma m64n256k32 e4m3 x e4m3 -> fp32, 4 per
+//           stage, so a 48 KB stage carries 128 of K instead of 64: the same GEMM (FLOPs) as the bf16 modes from half
+//           the bytes. Scales would go in the epilogue (per row and per column) and are left out; 128 x 128 block
+//           scales would need a second accumulator set (docs/kernel.md, "FP8 experts: what they would buy").
+//           Checked against a host product on three tiles (K must be a multiple of 128).
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
@@ -36,14 +41,37 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include <cuda_fp8.h>
 
 #include "tma_host.h"
 #include "wgmma.cuh"
 
 using namespace weave;
+
+// wgmma m64n256k32, e4m3 x e4m3 -> fp32 (both operands K-major from SW128 smem: FP8 takes no transpose bits).
+__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// One 128-byte k step of a consumer warpgroup in FP8: 128 of K as 4 x m64n256k32 (32 bytes of K each, the same
+// descriptor offsets as the bf16 k16 steps).
+__device__ __forceinline__ void mma_stage_e4m3(TileAcc& acc, uint32_t sa, uint32_t sb) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k32_e4m3(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32));
+  wgmma_commit();
+}
 
 // ---- the 256-thread tile of main (before the warp-specialised pipeline), kept here for modes 0-6 -----------
 // Its own constants: 8 warps, 3 stages, the stage barriers right after the stages. The rest of Config (tile and
@@ -515,7 +543,7 @@ __device__ __forceinline__ void ws_bulk_half(uint8_t* st, bf16* out, int ld, int
   }
 }
 
-template <bool MC, int kWsStages, bool GATHER, int EPI = 0, bool LOCK = MC>
+template <bool MC, int kWsStages, bool GATHER, int EPI = 0, bool LOCK = MC, bool F8 = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     tiles_kernel_ws(const bf16* a_base, float* sink, int E, int rows, int N, int K, unsigned long long* t,
                     const __grid_constant__ Params p, const __grid_constant__ TensorMapBytes a_map,
@@ -620,7 +648,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         mbar_wait(p, &full[s], (it / kWsStages) & 1, s, k);
         if constexpr (GATHER) fence_proxy_async_smem();  // A was written by cp.async (generic proxy)
         const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128, sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
-        mma_stage(acc, sa, sb);
+        if constexpr (F8) mma_stage_e4m3(acc, sa, sb); else mma_stage(acc, sa, sb);
         wgmma_wait<1>();
         if (k > 0) release((it - 1) % kWsStages);
       }
@@ -669,6 +697,24 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   }
 }
 
+// random e4m3 in [-1, 1] (mode 14)
+__global__ void fill_random_e4m3(__nv_fp8_e4m3* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __nv_fp8_e4m3(static_cast<float>(h & 0xFFFF) / 32768.f - 1.f);
+  }
+}
+
+// e4m3 (bias 7, no infinities; 0x7F / 0xFF are NaN) to float, on the host
+static float e4m3_to_float(uint8_t v) {
+  const int sgn = v >> 7, e = (v >> 3) & 15, m = v & 7;
+  const float mag = e == 0 ? m / 8.f * 0.015625f : (1.f + m / 8.f) * std::ldexp(1.f, e - 7);
+  return sgn ? -mag : mag;
+}
+
 #define CK(x)                                                                  \
   do {                                                                         \
     cudaError_t e_ = (x);                                                      \
@@ -679,6 +725,9 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   } while (0)
 
 static TensorMapBytes g_a_map;  // A as [1][E * rows][K] (modes 7 and 8)
+static TensorMapBytes g_a_map8;  // mode 14's e4m3 A, its bytes seen as bf16 [1][E * rows][K / 2]
+static TensorMapBytes g_b_map8;  // mode 14's e4m3 B as bf16 [E][N][K / 2]
+static const void* g_a8;         // mode 14's A (e4m3)
 static bf16* g_out;              // C [E * rows][N] (mode 11)
 
 // One launch of MODE's kernel on `ctas` CTAs (asynchronous; errors of the launch itself are returned).
@@ -687,7 +736,7 @@ int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long lo
            const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
   if constexpr (MODE >= 7) {
     auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
-                              MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13>;
+                              MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13, MODE == 14>;
     constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem));
     cudaLaunchConfig_t cfg{};
@@ -702,7 +751,11 @@ int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long lo
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
+    if constexpr (MODE == 14)  // e4m3 bytes through the bf16 maps: a 64-element box is 128 of K, K / 2 "bf16" per row
+      CK(cudaLaunchKernelEx(&cfg, fn, static_cast<const bf16*>(g_a8), sink, E, rows, N, K / 2, t, p, g_a_map8, g_b_map8,
+                            g_out));
+    else
+      CK(cudaLaunchKernelEx(&cfg, fn, a, sink, E, rows, N, K, t, p, g_a_map, b_map, g_out));
   } else if constexpr (MODE == 6) {
     CK(cudaFuncSetAttribute(tiles_kernel_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemDynamic));
     cudaLaunchConfig_t cfg{};
@@ -866,14 +919,30 @@ int main(int argc, char** argv) {
     std::printf("tensor map encode failed\n");
     return 1;
   }
+  // mode 14: the same shapes in e4m3 (K bytes per row), mapped as bf16 rows of K / 2
+  const bool f8 = K % 128 == 0;
+  __nv_fp8_e4m3 *a8 = nullptr, *b8 = nullptr;
+  if (f8) {
+    CK(cudaMalloc(&a8, static_cast<size_t>(E) * rows * K));
+    CK(cudaMalloc(&b8, static_cast<size_t>(E) * N * K));
+    fill_random_e4m3<<<1024, 256>>>(a8, static_cast<size_t>(E) * rows * K, 3u);
+    fill_random_e4m3<<<1024, 256>>>(b8, static_cast<size_t>(E) * N * K, 4u);
+    CK(cudaDeviceSynchronize());
+    g_a8 = a8;
+    if (encode_weight_map(&g_b_map8, b8, K / 2, N, E) != 0 ||
+        encode_weight_map(&g_a_map8, a8, K / 2, static_cast<uint64_t>(E) * rows, 1) != 0) {
+      std::printf("tensor map encode failed (e4m3)\n");
+      return 1;
+    }
+  }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[14] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[15] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
                            "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
-                           "mode 8 lock-step, no multicast"};
-  double r[14][3] = {};
+                           "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)"};
+  double r[15][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -912,6 +981,45 @@ int main(int argc, char** argv) {
   }
   std::printf("modes 11/12 outputs: %zu of %zu differ, %zu unwritten\n", odiff, out_len, poisoned);
   if (odiff != 0 || poisoned != 0) return 1;
+  if (f8) {  // mode 14 against a host product of the e4m3 values on three tiles (first, middle, last)
+    CK(cudaMemset(sink, 0xFF, sink_len * 4));
+    if (run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])) return 1;
+    CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
+    std::vector<uint8_t> ha(static_cast<size_t>(E) * rows * K), hb(static_cast<size_t>(E) * N * K);
+    CK(cudaMemcpy(ha.data(), a8, ha.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), b8, hb.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> lut(256);
+    for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_float(static_cast<uint8_t>(v));
+    const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e;
+    size_t bad = 0, checked = 0;
+    double worst = 0.0;
+    for (int tile : {0, tiles / 2 + 1, tiles - 1}) {  // sink index: (e * per_e + cb * nrb + rb) * 256 + ct
+      const int e = tile / per_e, cb = (tile % per_e) / nrb, rb = tile % nrb;
+      for (int ct = 0; ct < 256; ++ct) {
+        double sum = 0.0, mag = 0.0;
+        for (int i = 0; i < C::kBlockN / 2; ++i) {  // the thread's accumulators (wgmma.cuh acc_row / acc_col)
+          const int row = (ct / 128) * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2) + (((i & 3) >> 1) << 3);
+          const int col = (i >> 2) * 8 + ((ct & 3) << 1) + (i & 1);
+          const uint8_t* ar = &ha[(static_cast<size_t>(e) * rows + rb * C::kBlockM + row) * K];
+          const uint8_t* br = &hb[(static_cast<size_t>(e) * N + cb * C::kBlockN + col) * K];
+          for (int k = 0; k < K; ++k) {
+            const double pr = static_cast<double>(lut[ar[k]]) * lut[br[k]];
+            sum += pr;
+            mag += pr < 0 ? -pr : pr;
+          }
+        }
+        const double got = sx[static_cast<size_t>(tile) * 256 + ct], err = (got - sum) / (mag > 0 ? mag : 1.0);
+        worst = std::fmax(worst, std::fabs(err));
+        bad += !(std::fabs(err) <= 1e-3);  // NaN (an unwritten sink) counts as bad
+        ++checked;
+      }
+    }
+    std::printf("mode 14 (e4m3) vs host product: %zu of %zu thread sums off by more than 1e-3 of their |products| "
+                "(worst %.2e)\n", bad, checked, worst);
+    if (bad != 0) return 1;
+  } else {
+    std::printf("mode 14 skipped: K %% 128 != 0\n");
+  }
   for (int g = 0; g < 3; ++g) {
     if (g > 0 && run<0>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[0][g])) return 1;
     if (run<1>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[1][g])) return 1;
@@ -926,11 +1034,12 @@ int main(int argc, char** argv) {
     if (g > 0 && run<11>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[11][g])) return 1;
     if (g > 0 && run<12>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[12][g])) return 1;
     if (g > 0 && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
+    if (f8 && g > 0 && run<14>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[14][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
   // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
   const char* sus = std::getenv("TL_SUSTAIN");
@@ -959,7 +1068,11 @@ int main(int argc, char** argv) {
         case 10: rc = sustain<10>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 11: rc = sustain<11>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 13: rc = sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
-        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13)\n", m); return 1;
+        case 14:
+          if (!f8) { std::printf("mode 14 needs K %% 128 == 0\n"); return 1; }
+          rc = sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+          break;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14)\n", m); return 1;
       }
       if (rc) return 1;
       std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
