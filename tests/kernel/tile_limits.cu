@@ -29,6 +29,12 @@
 //           the bytes. Scales would go in the epilogue (per row and per column) and are left out; 128 x 128 block
 //           scales would need a second accumulator set (docs/kernel.md, "FP8 experts: what they would buy").
 //           Checked against a host product on three tiles (K must be a multiple of 128).
+//   mode 15 mode 14 with DeepSeek-style block scales: one fp32 scale per (A row, 128 of K) and per (128 B rows, 128
+//           of K). Each consumer warpgroup computes a stage's 64 x 256 in two 64 x 128 halves into a partial
+//           accumulator (4 x m64n128k32, starting from zero), waits, and adds it times its rows' and columns' scales
+//           to the tile's accumulator (the promotion; the other warpgroup's MMAs run meanwhile). 256 threads, thread
+//           0 issuing the TMA loads ahead, so a thread may hold the 128 + 64 accumulators (up to 255 registers;
+//           with a producer warpgroup, 168). Checked against a host product with the scales on three tiles.
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
@@ -61,6 +67,16 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float* d, uint64_t desc_a,
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b));
+}
+
+// wgmma m64n128k32, e4m3 x e4m3 -> fp32; scale_d 0 starts the accumulators at zero (mode 15's partial sums).
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 // One 128-byte k step of a consumer warpgroup in FP8: 128 of K as 4 x m64n256k32 (32 bytes of K each, the same
@@ -686,6 +702,105 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
+// ---- mode 15: FP8 with 128 x 128 block scales (promotion per 128 of K) -------------------------------------
+// 256 threads, no producer warpgroup: thread 0 keeps the TMA loads kStages - 1 iterations ahead of the one its
+// warpgroup consumes (it waits on the oldest stage's "empty" barrier, i.e. for the other warpgroup too). With 8 warps
+// a warp may hold up to 255 registers (a ninth warp would put three on one SM sub-partition: 168 at most).
+constexpr int kF8sThreads = 256;
+
+template <int kStages>
+__global__ void __launch_bounds__(kF8sThreads, 1)
+    tiles_kernel_f8_scaled(float* sink, int E, int rows, int N, int K8, const float* a_scale, const float* b_scale,
+                           unsigned long long* t, const __grid_constant__ Params p,
+                           const __grid_constant__ TensorMapBytes a_map, const __grid_constant__ TensorMapBytes b_map) {
+  // K8: K in e4m3 elements (= bytes); the maps see rows of K8 / 2 bf16, a box of 64 "bf16" is 128 of K
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
+  const int total = E * per_e;
+  const int my_units = total > static_cast<int>(blockIdx.x) ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total_it = my_units * num_k;
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  int pit = 0;  // thread 0: the next iteration whose operands it loads
+  auto produce = [&](int upto) {
+    for (; pit < upto && pit < total_it; ++pit) {
+      const int s = pit % kStages, u = blockIdx.x + (pit / num_k) * gridDim.x, k = pit % num_k;
+      const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+      if (pit >= kStages) mbar_wait(p, &empty[s], ((pit / kStages) - 1) & 1, 200 + s, k);
+      const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
+      mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+      tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+      tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
+      tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
+    }
+  };
+  const int warp = threadIdx.x / 32, cw = warp / 4, ct = threadIdx.x;  // warpgroup cw: rows [64 cw, 64 cw + 64)
+  const int row0 = cw * 64 + (warp % 4) * 16 + ((ct & 31) >> 2);     // the thread's rows: row0 and row0 + 8
+  if (threadIdx.x == 0) produce(kStages - 1);
+  int it = 0;
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {
+    const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+    const float* sa_row = a_scale + (static_cast<int64_t>(e) * rows + rb * C::kBlockM + row0) * kb_n;
+    const float* sb_col = b_scale + (static_cast<int64_t>(e) * (N / 128) + cb * 2) * kb_n;
+    TileAcc acc;
+#pragma unroll
+    for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
+    for (int k = 0; k < num_k; ++k, ++it) {
+      if (threadIdx.x == 0) produce(it + kStages);  // waits for both warpgroups to have released iteration it - 1
+      const int s = it % kStages;
+      const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k];  // rows row0, row0 + 8
+      const float b0 = sb_col[k], b1 = sb_col[kb_n + k];      // columns [0, 128), [128, 256) of the tile
+      mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
+      const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
+      const uint32_t sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float part[64];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32),
+                                kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(part[i])::"memory");
+        if (h == 1) {  // both halves have read the stage: release it
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+          if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
+        }
+        const float bs = h ? b1 : b0;
+        const float s0 = a0 * bs, s1 = a1 * bs;
+#pragma unroll
+        for (int i = 0; i < 64; ++i)  // n128 element i is the tile's accumulator 64 h + i (same row, column + 128 h)
+          acc.d[64 * h + i] += part[i] * (((i & 3) >> 1) ? s1 : s0);
+      }
+    }
+    float keep = 0.f;
+#pragma unroll
+    for (int i = 0; i < C::kBlockN / 2; ++i) keep += acc.d[i];
+    sink[(static_cast<int64_t>(e) * per_e + cb * nrb + rb) * 256 + ct] = keep;
+  }
+  __syncthreads();
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    t[2 * blockIdx.x] = t0;
+    t[2 * blockIdx.x + 1] = t1;
+  }
+}
+
 // random bf16 in [-1, 1) (zeros would let the tensor cores run cooler than real data does)
 __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -728,13 +843,20 @@ static TensorMapBytes g_a_map;  // A as [1][E * rows][K] (modes 7 and 8)
 static TensorMapBytes g_a_map8;  // mode 14's e4m3 A, its bytes seen as bf16 [1][E * rows][K / 2]
 static TensorMapBytes g_b_map8;  // mode 14's e4m3 B as bf16 [E][N][K / 2]
 static const void* g_a8;         // mode 14's A (e4m3)
+static float* g_as;              // mode 15's A scales [E * rows][K / 128]
+static float* g_bs;              // mode 15's B scales [E][N / 128][K / 128]
 static bf16* g_out;              // C [E * rows][N] (mode 11)
 
 // One launch of MODE's kernel on `ctas` CTAs (asynchronous; errors of the launch itself are returned).
 template <int MODE>
 int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
            const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
-  if constexpr (MODE >= 7) {
+  if constexpr (MODE == 15) {
+    constexpr int kSmem = ws_smem(4);
+    auto fn = tiles_kernel_f8_scaled<4>;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    fn<<<ctas, kF8sThreads, kSmem>>>(sink, E, rows, N, K, g_as, g_bs, t, p, g_a_map8, g_b_map8);
+  } else if constexpr (MODE >= 7) {
     auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
                               MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13, MODE == 14>;
     constexpr int kWsSmem = ws_smem(MODE == 9 ? 3 : 4);
@@ -934,15 +1056,26 @@ int main(int argc, char** argv) {
       std::printf("tensor map encode failed (e4m3)\n");
       return 1;
     }
+    // mode 15's block scales: seeded values in [0.5, 2)
+    std::vector<float> as(static_cast<size_t>(E) * rows * (K / 128)), bs(static_cast<size_t>(E) * (N / 128) * (K / 128));
+    uint32_t x = 12345u;
+    auto next = [&x] { x = x * 1664525u + 1013904223u; return 0.5f + 1.5f * static_cast<float>(x >> 8) / 16777216.f; };
+    for (float& v : as) v = next();
+    for (float& v : bs) v = next();
+    CK(cudaMalloc(&g_as, as.size() * 4));
+    CK(cudaMalloc(&g_bs, bs.size() * 4));
+    CK(cudaMemcpy(g_as, as.data(), as.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g_bs, bs.data(), bs.size() * 4, cudaMemcpyHostToDevice));
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[15] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[16] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
                            "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
-                           "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)"};
-  double r[15][3] = {};
+                           "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)",
+                           "FP8 + 128x128 block scales"};
+  double r[16][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -981,42 +1114,59 @@ int main(int argc, char** argv) {
   }
   std::printf("modes 11/12 outputs: %zu of %zu differ, %zu unwritten\n", odiff, out_len, poisoned);
   if (odiff != 0 || poisoned != 0) return 1;
-  if (f8) {  // mode 14 against a host product of the e4m3 values on three tiles (first, middle, last)
-    CK(cudaMemset(sink, 0xFF, sink_len * 4));
-    if (run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])) return 1;
-    CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
+  if (f8) {  // modes 14 and 15 against a host product of the e4m3 values (15: with its scales) on three tiles
     std::vector<uint8_t> ha(static_cast<size_t>(E) * rows * K), hb(static_cast<size_t>(E) * N * K);
     CK(cudaMemcpy(ha.data(), a8, ha.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hb.data(), b8, hb.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> has(static_cast<size_t>(E) * rows * (K / 128)), hbs(static_cast<size_t>(E) * (N / 128) * (K / 128));
+    CK(cudaMemcpy(has.data(), g_as, has.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hbs.data(), g_bs, hbs.size() * 4, cudaMemcpyDeviceToHost));
     std::vector<float> lut(256);
     for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_float(static_cast<uint8_t>(v));
-    const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e;
-    size_t bad = 0, checked = 0;
-    double worst = 0.0;
-    for (int tile : {0, tiles / 2 + 1, tiles - 1}) {  // sink index: (e * per_e + cb * nrb + rb) * 256 + ct
-      const int e = tile / per_e, cb = (tile % per_e) / nrb, rb = tile % nrb;
-      for (int ct = 0; ct < 256; ++ct) {
-        double sum = 0.0, mag = 0.0;
-        for (int i = 0; i < C::kBlockN / 2; ++i) {  // the thread's accumulators (wgmma.cuh acc_row / acc_col)
-          const int row = (ct / 128) * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2) + (((i & 3) >> 1) << 3);
-          const int col = (i >> 2) * 8 + ((ct & 3) << 1) + (i & 1);
-          const uint8_t* ar = &ha[(static_cast<size_t>(e) * rows + rb * C::kBlockM + row) * K];
-          const uint8_t* br = &hb[(static_cast<size_t>(e) * N + cb * C::kBlockN + col) * K];
-          for (int k = 0; k < K; ++k) {
-            const double pr = static_cast<double>(lut[ar[k]]) * lut[br[k]];
-            sum += pr;
-            mag += pr < 0 ? -pr : pr;
+    const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e, kbn = K / 128;
+    for (int mode : {14, 15}) {
+      CK(cudaMemset(sink, 0xFF, sink_len * 4));
+      if ((mode == 14 ? run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])
+                      : run<15>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[15][0])) != 0)
+        return 1;
+      CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
+      size_t bad = 0, checked = 0;
+      double worst = 0.0;
+      for (int tile : {0, tiles / 2 + 1, tiles - 1}) {  // sink index: (e * per_e + cb * nrb + rb) * 256 + ct
+        const int e = tile / per_e, cb = (tile % per_e) / nrb, rb = tile % nrb;
+        for (int ct = 0; ct < 256; ++ct) {
+          double sum = 0.0, mag = 0.0;
+          for (int i = 0; i < C::kBlockN / 2; ++i) {  // the thread's accumulators (wgmma.cuh acc_row / acc_col)
+            const int row = (ct / 128) * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2) + (((i & 3) >> 1) << 3);
+            const int col = (i >> 2) * 8 + ((ct & 3) << 1) + (i & 1);
+            const size_t grow = static_cast<size_t>(e) * rows + rb * C::kBlockM + row;
+            const size_t gcol = static_cast<size_t>(e) * N + cb * C::kBlockN + col;
+            const uint8_t* ar = &ha[grow * K];
+            const uint8_t* br = &hb[gcol * K];
+            for (int kb = 0; kb < kbn; ++kb) {
+              double blk = 0.0, bmag = 0.0;
+              for (int k = kb * 128; k < kb * 128 + 128; ++k) {
+                const double pr = static_cast<double>(lut[ar[k]]) * lut[br[k]];
+                blk += pr;
+                bmag += pr < 0 ? -pr : pr;
+              }
+              const double sc = mode == 15 ? static_cast<double>(has[grow * kbn + kb]) *
+                                                 hbs[(static_cast<size_t>(e) * (N / 128) + (cb * C::kBlockN + col) / 128) * kbn + kb]
+                                           : 1.0;
+              sum += blk * sc;
+              mag += bmag * sc;
+            }
           }
+          const double got = sx[static_cast<size_t>(tile) * 256 + ct], err = (got - sum) / (mag > 0 ? mag : 1.0);
+          worst = std::fmax(worst, std::fabs(err));
+          bad += !(std::fabs(err) <= 1e-3);  // NaN (an unwritten sink) counts as bad
+          ++checked;
         }
-        const double got = sx[static_cast<size_t>(tile) * 256 + ct], err = (got - sum) / (mag > 0 ? mag : 1.0);
-        worst = std::fmax(worst, std::fabs(err));
-        bad += !(std::fabs(err) <= 1e-3);  // NaN (an unwritten sink) counts as bad
-        ++checked;
       }
+      std::printf("mode %d (e4m3%s) vs host product: %zu of %zu thread sums off by more than 1e-3 of their "
+                  "|products| (worst %.2e)\n", mode, mode == 15 ? ", block scales" : "", bad, checked, worst);
+      if (bad != 0) return 1;
     }
-    std::printf("mode 14 (e4m3) vs host product: %zu of %zu thread sums off by more than 1e-3 of their |products| "
-                "(worst %.2e)\n", bad, checked, worst);
-    if (bad != 0) return 1;
   } else {
     std::printf("mode 14 skipped: K %% 128 != 0\n");
   }
@@ -1035,11 +1185,12 @@ int main(int argc, char** argv) {
     if (g > 0 && run<12>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[12][g])) return 1;
     if (g > 0 && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
     if (f8 && g > 0 && run<14>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[14][g])) return 1;
+    if (f8 && g > 0 && run<15>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[15][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
   // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
   const char* sus = std::getenv("TL_SUSTAIN");
@@ -1069,10 +1220,12 @@ int main(int argc, char** argv) {
         case 11: rc = sustain<11>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 13: rc = sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 14:
-          if (!f8) { std::printf("mode 14 needs K %% 128 == 0\n"); return 1; }
-          rc = sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+        case 15:
+          if (!f8) { std::printf("modes 14 and 15 need K %% 128 == 0\n"); return 1; }
+          rc = m == 14 ? sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+                       : sustain<15>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
           break;
-        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14)\n", m); return 1;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14, 15)\n", m); return 1;
       }
       if (rc) return 1;
       std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
