@@ -66,9 +66,10 @@ def config_counts(model, world: int, tokens: int, seed: int = 0, spec: RoutingSp
 def predict_config(model_name: str, world: int, tokens: int, profile_name: str, seed: int = 0,
                    spec: RoutingSpec = RoutingSpec(), static_grid=STATIC_GRID, weave_grid=(), gemm_scale: float = 1.0,
                    layer: int | None = None, nosteal: bool = False, placement: str = "contiguous",
-                   shared: str = "off") -> dict:
+                   shared: str = "off", fp8: float = 0.0) -> dict:
     """One configuration's predicted latencies (ms) and ratios. shared: the model's shared experts fused into the
-    layer ('first' / 'last': their tiles' place in the GEMM queue; recorded as 'off' for a model without any)."""
+    layer ('first' / 'last': their tiles' place in the GEMM queue; recorded as 'off' for a model without any).
+    fp8 > 0: FP8 experts (not built; whatif's fp8:S), tiles fp8 x the profile's rate; the bound stays the bf16 one."""
     if shared not in SHARED_ORDERS:
         raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {shared!r}")
     model = get_model(model_name)
@@ -78,10 +79,15 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
         from .whatif import rescaled
 
         profile = rescaled(profile, gemm=gemm_scale)
+    if fp8 > 0:
+        from .whatif import fp8_profile
+
+        profile = fp8_profile(profile, fp8)
     counts, all_ids, pl = config_counts(model, world, tokens, seed, spec, layer, placement)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
-    opts = {**KERNEL_LAYOUTS[KERNEL_LAYOUT], **({"shared": shared} if shared != "off" else {})}
+    opts = {**KERNEL_LAYOUTS[KERNEL_LAYOUT], **({"shared": shared} if shared != "off" else {}),
+            **({"expert_dtype": "fp8"} if fp8 > 0 else {})}
     ms = {}
     for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(["weave-nosteal"] if nosteal else []),
                 *(f"weave:{c}" for c in weave_grid)]:
@@ -93,7 +99,7 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     sweep = [p for p in ms if p.startswith("weave:")]
     best_weave = min(sweep, key=ms.get) if sweep else None
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "layer": layer, "profile": profile_name,
-            "gemm_scale": gemm_scale, "placement": placement, "shared": shared,
+            "gemm_scale": gemm_scale, "placement": placement, "shared": shared, "fp8": fp8,
             "inter_shared": model.shared_ffn_size if shared != "off" else 0,
             "predicted_ms": ms, "best_static": best, "bound_ms": bound, "best_weave": best_weave,
             # the in-kernel choice against the best fixed C of the sweep (the issue's regret, predicted)
@@ -131,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weave-grid", default="", help="C values of a weave:C sweep (adds the choice's regret)")
     ap.add_argument("--gemm-scale", type=float, default=1.0,
                     help="GEMM tiles this many times faster than the profile's (a kernel newer than the fit)")
+    ap.add_argument("--fp8", type=float, default=0.0, metavar="S",
+                    help="FP8 experts (not built; whatif --variant fp8:S): e4m3 weights and dispatch rows, tiles S x "
+                         "the profile's rate (docs/kernel.md 'FP8 experts'); 'of bound' stays the bf16 bound")
     ap.add_argument("--nosteal", action="store_true",
                     help="also weave's split without bubble stealing (weave-nosteal; weave_vs_nosteal)")
     ap.add_argument("--placement", default="contiguous", choices=["contiguous", "balanced"],
@@ -146,6 +155,8 @@ def main(argv=None) -> int:
         num_sms = load_profile(args.profile).num_sms
         if args.gemm_scale <= 0:
             raise ValueError("--gemm-scale must be > 0")
+        if args.fp8 < 0 or not np.isfinite(args.fp8):
+            raise ValueError("--fp8 must be a finite number > 0 (0: bf16 experts)")
         worlds = parse_ints(args.gpus, "--gpus")
         tokens = parse_ints(args.tokens, "--tokens")
         if not worlds or not tokens:
@@ -174,10 +185,11 @@ def main(argv=None) -> int:
     jobs = [(m, g, t, lay) for g in worlds for m in models for t in tokens for lay in layers[m]]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, weave_grid,
-                            args.gemm_scale, lay, args.nosteal, args.placement, args.shared)
+                            args.gemm_scale, lay, args.nosteal, args.placement, args.shared, args.fp8)
                 for m, g, t, lay in jobs]
         rows = [f.result() for f in futs]
-    print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}), kernel "
+    print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}"
+          f"{f', FP8 experts, tiles x{args.fp8}' if args.fp8 else ''}), kernel "
           f"scheduling, routing {spec.describe()}, {args.placement} placement, seed {args.seed}, "
           f"{shared_note(args.shared, rows)}; predicted ms")
     w = max([20] + [len(config_label(r["model"], r["layer"])) for r in rows])
@@ -205,7 +217,7 @@ def main(argv=None) -> int:
                  if args.nosteal else ""))
     if args.out:
         args.out.write_text(json.dumps({"profile": args.profile, "seed": args.seed, "zipf": args.zipf,
-                                        "routing": spec.to_dict(), "shared": args.shared,
+                                        "routing": spec.to_dict(), "shared": args.shared, "fp8": args.fp8,
                                         "rows": rows}, indent=1))
     return 0
 

@@ -152,3 +152,12 @@ def test_shared_experts_are_simulated_and_bounded(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["--gpus", "2", "--models", wide, "--tokens", "64", "--shared", "first"])
     assert "the shared expert's width (262144)" in capsys.readouterr().err
+
+
+def test_fp8_experts_are_predicted_faster_with_the_same_bound():
+    base = predict_config("deepseek-v2-lite", 2, 512, "h200-megakernel-ep2", static_grid=(20,))
+    f8 = predict_config("deepseek-v2-lite", 2, 512, "h200-megakernel-ep2", static_grid=(20,), fp8=1.5)
+    assert f8["fp8"] == 1.5 and base["fp8"] == 0.0
+    assert f8["bound_ms"] == base["bound_ms"]  # the bf16 layer's bound, on both
+    for pol in ("sequential", "static:20", "weave"):
+        assert f8["predicted_ms"][pol] < base["predicted_ms"][pol], pol
