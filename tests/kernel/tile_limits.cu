@@ -801,25 +801,16 @@ __global__ void __launch_bounds__(kF8sThreads, 1)
   }
 }
 
-// random bf16 in [-1, 1) (zeros would let the tensor cores run cooler than real data does)
-__global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
+// random values in [-1, 1) of type T (bf16, or e4m3 for modes 14 / 15); zeros would let the tensor cores run cooler
+// than real data does
+template <typename T>
+__global__ void fill_random(T* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
-    x[i] = __float2bfloat16(static_cast<float>(h & 0xFFFF) / 32768.f - 1.f);
-  }
-}
-
-// random e4m3 in [-1, 1] (mode 14)
-__global__ void fill_random_e4m3(__nv_fp8_e4m3* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = __nv_fp8_e4m3(static_cast<float>(h & 0xFFFF) / 32768.f - 1.f);
+    x[i] = T(static_cast<float>(h & 0xFFFF) / 32768.f - 1.f);
   }
 }
 
@@ -1047,8 +1038,8 @@ int main(int argc, char** argv) {
   if (f8) {
     CK(cudaMalloc(&a8, static_cast<size_t>(E) * rows * K));
     CK(cudaMalloc(&b8, static_cast<size_t>(E) * N * K));
-    fill_random_e4m3<<<1024, 256>>>(a8, static_cast<size_t>(E) * rows * K, 3u);
-    fill_random_e4m3<<<1024, 256>>>(b8, static_cast<size_t>(E) * N * K, 4u);
+    fill_random<<<1024, 256>>>(a8, static_cast<size_t>(E) * rows * K, 3u);
+    fill_random<<<1024, 256>>>(b8, static_cast<size_t>(E) * N * K, 4u);
     CK(cudaDeviceSynchronize());
     g_a8 = a8;
     if (encode_weight_map(&g_b_map8, b8, K / 2, N, E) != 0 ||
