@@ -7,7 +7,9 @@ against one kernel per layer. Attention, embeddings, activations and the KV cach
     python -m weave_kernel.memory --models custom:E=64:k=4:H=2048:I=1024:layers=24 --recv-factor 2
 
 --recv-factor F sizes the receive rows for F times a balanced load (recv_capacity = F x max_tokens x top_k; default
-the worst case, every pair of every rank on one GPU). Needs no GPU.
+the worst case, every pair of every rank on one GPU). --fp8 counts the experts' weights as FP8 experts would hold
+them (not built: e4m3 with an fp32 scale per 128 x 128 block; docs/kernel.md "FP8 experts"); the buffers stay the
+bf16 kernel's. Needs no GPU.
 """
 from __future__ import annotations
 
@@ -22,8 +24,17 @@ from .megakernel import workspace_bytes
 GIB = 2**30
 
 
-def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = None, num_ctas: int = 132) -> dict:
-    """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`."""
+def _weight_bytes(rows: int, cols: int, fp8: bool) -> int:
+    """Bytes of one [rows, cols] weight matrix: bf16, or e4m3 plus an fp32 scale per 128 x 128 block."""
+    if not fp8:
+        return 2 * rows * cols
+    return rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
+
+
+def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = None, num_ctas: int = 132,
+               fp8: bool = False) -> dict:
+    """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`; fp8: the
+    experts' weights as FP8 experts would hold them (not built; the buffers stay the bf16 kernel's)."""
     H, I, E, k, L = model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, model.num_moe_layers
     Is = model.num_shared_experts * I
     check_geometry(H, I, E, k, world, world, Is)
@@ -32,7 +43,9 @@ def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = N
     cap = None if recv_factor is None else max(1, int(recv_factor * max_tokens * k))
     buf = workspace_bytes(hidden=H, inter=I, num_experts=E, top_k=k, world=world, max_tokens=max_tokens,
                           shared_inter=Is, num_ctas=num_ctas, recv_capacity=cap)["total"]
-    out = {"routed": L * (E // world) * 3 * I * H * 2, "shared": L * 3 * Is * H * 2,
+    expert = 2 * _weight_bytes(I, H, fp8) + _weight_bytes(H, I, fp8)  # gate and up [I, H], down [H, I]
+    shared = 2 * _weight_bytes(Is, H, fp8) + _weight_bytes(H, Is, fp8) if Is else 0
+    out = {"routed": L * (E // world) * expert, "shared": L * shared,
            "routers": L * E * (H + 1) * 4, "buffers": buf}
     out["total"] = sum(out.values())
     out["total_kernel_per_layer"] = out["total"] + (L - 1) * buf
@@ -48,6 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--recv-factor", type=float, default=None,
                     help="receive rows for this many times a balanced load (default: the worst case)")
     ap.add_argument("--gpu-gib", type=float, default=139.0, help="memory per GPU in GiB (an H200 as torch sees it)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="experts' weights in FP8 with 128 x 128 block scales (not built; buffers stay bf16)")
     args = ap.parse_args(argv)
     try:
         gpus = [int(g) for g in args.gpus.split(",") if g]
@@ -70,13 +85,14 @@ def main(argv=None) -> int:
     w = max(22, *(len(m.name) + 2 for m in models))  # custom specs are longer than the presets' names
     recv = "worst case" if args.recv_factor is None else f"{args.recv_factor:g} x a balanced load"
     print(f"# MoE layers only (no attention, embeddings, KV cache), GiB per GPU, max_tokens {args.max_tokens}, receive "
-          f"rows for the {recv}; fits: total <= {args.gpu_gib:g} GiB")
+          f"rows for the {recv}; fits: total <= {args.gpu_gib:g} GiB"
+          + ("; experts in FP8 (not built: e4m3 + 128x128 block scales, buffers bf16)" if args.fp8 else ""))
     print(f"{'model':<{w}}{'EP':>4}{'layers':>7}{'experts/GPU':>12}{'routed':>9}{'shared':>8}{'routers':>8}"
           f"{'buffers':>9}{'total':>9}{'fits':>6}{'a kernel per layer':>20}")
     for m in models:
         for g in gpus:
             try:
-                r = moe_memory(m, g, args.max_tokens, args.recv_factor)
+                r = moe_memory(m, g, args.max_tokens, args.recv_factor, fp8=args.fp8)
             except ValueError as exc:
                 print(f"{m.name:<{w}}{g:>4}  -  {exc}")
                 continue

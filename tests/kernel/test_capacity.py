@@ -113,6 +113,10 @@ def test_memory_planner(capsys):
                                               max_tokens=4096, shared_inter=2816)["total"]
     assert r["total_kernel_per_layer"] - r["total"] == 25 * r["buffers"]
     assert moe_memory(m, 4, 4096, recv_factor=2)["buffers"] < r["buffers"]
+    f8 = moe_memory(m, 4, 4096, fp8=True)  # e4m3 weights plus an fp32 scale per 128 x 128 block, bf16 buffers
+    blocks = 2 * 11 * 16 + 16 * 11  # gate, up [1408, 2048] and down [2048, 1408] in 128 x 128 blocks
+    assert f8["routed"] == 26 * 16 * (3 * 1408 * 2048 + 4 * blocks) and f8["buffers"] == r["buffers"]
+    assert f8["shared"] == 26 * (3 * 2816 * 2048 + 4 * (2 * 22 * 16 + 16 * 22))
     assert main(["--models", "deepseek-v2-lite", "--gpus", "1,8"]) == 0
     out = capsys.readouterr().out
     assert "deepseek-v2-lite" in out and out.count("\n") == 4
