@@ -35,6 +35,8 @@
 //           to the tile's accumulator (the promotion; the other warpgroup's MMAs run meanwhile). 256 threads, thread
 //           0 issuing the TMA loads ahead, so a thread may hold the 128 + 64 accumulators (up to 255 registers;
 //           with a producer warpgroup, 168). Checked against a host product with the scales on three tiles.
+//   mode 16 mode 15 with a producer warpgroup (384 threads) and setmaxnreg: 40 registers for the producer, 232 for
+//           the consumers, so the warpgroups do not wait on each other's releases before their MMAs. Same check.
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
@@ -801,6 +803,105 @@ __global__ void __launch_bounds__(kF8sThreads, 1)
   }
 }
 
+// ---- mode 16: mode 15 with a producer warpgroup and setmaxnreg (40 registers for it, 232 for the consumers) ----
+// The consumers no longer issue the loads, so neither waits for the other's release before its own MMAs.
+constexpr int kF8pThreads = 384;
+
+template <int kStages>
+__global__ void __launch_bounds__(kF8pThreads, 1)
+    tiles_kernel_f8_scaled_ws(float* sink, int E, int rows, int N, int K8, const float* a_scale, const float* b_scale,
+                              unsigned long long* t, const __grid_constant__ Params p,
+                              const __grid_constant__ TensorMapBytes a_map, const __grid_constant__ TensorMapBytes b_map) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
+  const int total = E * per_e;
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    if (threadIdx.x == 0) {
+      int it = 0;
+      for (int u = blockIdx.x; u < total; u += gridDim.x) {
+        const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(p, &empty[s], ((it / kStages) - 1) & 1, 200 + s, k);
+          const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
+          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+          tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
+          tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    const int cw = wg - 1, ct = threadIdx.x - 128;  // consumer warpgroup cw: rows [64 cw, 64 cw + 64)
+    const int row0 = cw * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2);  // the thread's rows: row0 and row0 + 8
+    int it = 0;
+    for (int u = blockIdx.x; u < total; u += gridDim.x) {
+      const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+      const float* sa_row = a_scale + (static_cast<int64_t>(e) * rows + rb * C::kBlockM + row0) * kb_n;
+      const float* sb_col = b_scale + (static_cast<int64_t>(e) * (N / 128) + cb * 2) * kb_n;
+      TileAcc acc;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int s = it % kStages;
+        const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k];
+        const float b0 = sb_col[k], b1 = sb_col[kb_n + k];
+        mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
+        const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
+        const uint32_t sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float part[64];
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(sa + kk * 32),
+                                  wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32), kk > 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(part[i])::"memory");
+          if (h == 1) {
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+            if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
+          }
+          const float bs = h ? b1 : b0;
+          const float s0 = a0 * bs, s1 = a1 * bs;
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc.d[64 * h + i] += part[i] * (((i & 3) >> 1) ? s1 : s0);
+        }
+      }
+      float keep = 0.f;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) keep += acc.d[i];
+      sink[(static_cast<int64_t>(e) * per_e + cb * nrb + rb) * 256 + ct] = keep;
+    }
+  }
+  __syncthreads();
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    t[2 * blockIdx.x] = t0;
+    t[2 * blockIdx.x + 1] = t1;
+  }
+}
+
 // random values in [-1, 1) of type T (bf16, or e4m3 for modes 14 / 15); zeros would let the tensor cores run cooler
 // than real data does
 template <typename T>
@@ -842,11 +943,12 @@ static bf16* g_out;              // C [E * rows][N] (mode 11)
 template <int MODE>
 int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
            const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
-  if constexpr (MODE == 15) {
+  if constexpr (MODE == 15 || MODE == 16) {
     constexpr int kSmem = ws_smem(4);
-    auto fn = tiles_kernel_f8_scaled<4>;
+    auto fn = MODE == 15 ? tiles_kernel_f8_scaled<4> : tiles_kernel_f8_scaled_ws<4>;
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    fn<<<ctas, kF8sThreads, kSmem>>>(sink, E, rows, N, K, g_as, g_bs, t, p, g_a_map8, g_b_map8);
+    fn<<<ctas, MODE == 15 ? kF8sThreads : kF8pThreads, kSmem>>>(sink, E, rows, N, K, g_as, g_bs, t, p, g_a_map8,
+                                                                 g_b_map8);
   } else if constexpr (MODE >= 7) {
     auto fn = tiles_kernel_ws<MODE == 8, MODE == 9 ? 3 : 4, MODE >= 10 && MODE <= 12,
                               MODE >= 11 && MODE <= 12 ? MODE - 10 : 0, MODE == 8 || MODE == 13, MODE == 14>;
@@ -1060,13 +1162,13 @@ int main(int argc, char** argv) {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[16] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[17] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
                            "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
                            "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)",
-                           "FP8 + 128x128 block scales"};
-  double r[16][3] = {};
+                           "FP8 + 128x128 block scales", "mode 15 + producer wg, setmaxnreg"};
+  double r[17][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -1115,10 +1217,11 @@ int main(int argc, char** argv) {
     std::vector<float> lut(256);
     for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_float(static_cast<uint8_t>(v));
     const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e, kbn = K / 128;
-    for (int mode : {14, 15}) {
+    for (int mode : {14, 15, 16}) {
       CK(cudaMemset(sink, 0xFF, sink_len * 4));
-      if ((mode == 14 ? run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])
-                      : run<15>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[15][0])) != 0)
+      if ((mode == 14   ? run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])
+           : mode == 15 ? run<15>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[15][0])
+                        : run<16>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[16][0])) != 0)
         return 1;
       CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
       size_t bad = 0, checked = 0;
@@ -1141,7 +1244,7 @@ int main(int argc, char** argv) {
                 blk += pr;
                 bmag += pr < 0 ? -pr : pr;
               }
-              const double sc = mode == 15 ? static_cast<double>(has[grow * kbn + kb]) *
+              const double sc = mode != 14 ? static_cast<double>(has[grow * kbn + kb]) *
                                                  hbs[(static_cast<size_t>(e) * (N / 128) + (cb * C::kBlockN + col) / 128) * kbn + kb]
                                            : 1.0;
               sum += blk * sc;
@@ -1155,7 +1258,7 @@ int main(int argc, char** argv) {
         }
       }
       std::printf("mode %d (e4m3%s) vs host product: %zu of %zu thread sums off by more than 1e-3 of their "
-                  "|products| (worst %.2e)\n", mode, mode == 15 ? ", block scales" : "", bad, checked, worst);
+                  "|products| (worst %.2e)\n", mode, mode != 14 ? ", block scales" : "", bad, checked, worst);
       if (bad != 0) return 1;
     }
   } else {
@@ -1177,11 +1280,12 @@ int main(int argc, char** argv) {
     if (g > 0 && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
     if (f8 && g > 0 && run<14>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[14][g])) return 1;
     if (f8 && g > 0 && run<15>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[15][g])) return 1;
+    if (f8 && g > 0 && run<16>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[16][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
   // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
   const char* sus = std::getenv("TL_SUSTAIN");
@@ -1212,11 +1316,13 @@ int main(int argc, char** argv) {
         case 13: rc = sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 14:
         case 15:
-          if (!f8) { std::printf("modes 14 and 15 need K %% 128 == 0\n"); return 1; }
-          rc = m == 14 ? sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
-                       : sustain<15>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+        case 16:
+          if (!f8) { std::printf("modes 14-16 need K %% 128 == 0\n"); return 1; }
+          rc = m == 14   ? sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+               : m == 15 ? sustain<15>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+                         : sustain<16>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
           break;
-        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14, 15)\n", m); return 1;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-16)\n", m); return 1;
       }
       if (rc) return 1;
       std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
