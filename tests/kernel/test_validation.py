@@ -110,3 +110,46 @@ def test_buffer_plan_regions_are_disjoint_and_big_enough():
     assert pl.off_recv_meta - pl.off_blk_flag >= 8 * pl.max_row_blocks * 2
     assert pl.off_recv_x - pl.off_comb >= 1000 * 4 * 2880 * 2
     assert pl.total_bytes - pl.off_recv_x >= pl.recv_cap_rows * 2880 * 2
+
+
+def _mutations():
+    """One call's tensors with one thing wrong each (and the unchanged call): dtype, shape, layout, count."""
+    yield "good", good()
+    for name in ("x", "topk_ids", "topk_weights", "w13", "w2"):
+        t = good()
+        t[name] = t[name].to(torch.float16 if t[name].dtype != torch.float16 else torch.float32)
+        yield f"{name} dtype", t
+        t = good()
+        t[name] = t[name][..., :-1]  # one column short (and not contiguous)
+        yield f"{name} shape", t
+        t = good()
+        v = t[name]
+        t[name] = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # the same shape, column-major
+        assert not t[name].is_contiguous()
+        yield f"{name} layout", t
+        t = good()
+        t[name] = v.tolist()
+        yield f"{name} not a tensor", t
+    t = good(MAXT + 1)
+    yield "too many tokens", t
+    t = good()
+    t["topk_ids"] = t["topk_ids"].long()
+    yield "int64 ids", t
+
+
+@pytest.mark.parametrize("label,t", list(_mutations()), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_fast_check_accepts_only_what_the_full_checks_accept(label, t, monkeypatch):
+    """check_layer_inputs first asks _inputs_fine (half the host time); whatever it accepts, the detailed checks that
+    run when it declines must accept too, so the fast path never lets a bad call through."""
+    from weave_kernel import validate
+
+    fine = validate._inputs_fine(t["x"], t["topk_ids"], t["topk_weights"], t["w13"], t["w2"], H, I, EL, K, MAXT,
+                                 "cpu")
+    monkeypatch.setattr(validate, "_inputs_fine", lambda *a: False)  # the detailed checks alone
+    try:
+        check(**t)
+        full = True
+    except (ValueError, TypeError):
+        full = False
+    assert fine == full, label
+    assert fine == (label in ("good", "int64 ids")), label
