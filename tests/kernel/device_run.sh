@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device-machine session: build once, GPU correctness (all GPUs and 1 rank; virtual ranks for world sizes the
 # machine lacks), GEMM probe, benchmark, sanitizer.
-# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,fuzz,probe,bench,sanitize,summary;
+# Usage: bash tests/kernel/device_run.sh STAGES   (STAGES: any of build,test2,test1,virtual,fuzz,probe,fp8tile,bench,sanitize,summary;
 # they run in that order). Needs $OUT (logs land there). Bench arguments come from $BENCH_ARGS, its JSON goes to
 # $BENCH_OUT (default $OUT/kernel_bench.json). SAN_BEFORE_S: run the sanitizer only if fewer seconds than this
 # have passed since the script started (default: always).
@@ -40,6 +40,16 @@ if has fuzz; then  # random layers on virtual ranks (fuzz_worker.py); FUZZ_SEED 
     --budget-s ${FUZZ_BUDGET_S:-240} > $OUT/fuzz.log 2>&1
   echo "fuzz seed $seed rc $? [${SECONDS}s]: $(grep -c '^PASS case' $OUT/fuzz.log) cases passed, $(grep -c '^FAIL case' $OUT/fuzz.log) failed"
   grep -E "^FAIL|SUMMARY|CHOICE AGREEMENT|Error" $OUT/fuzz.log | cut -c1-240 | head -20
+fi
+if has fp8tile; then  # tile_limits' FP8 modes against the bf16 tile, sustained at the power cap (docs/kernel.md "FP8 experts")
+  nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr -I weave_kernel/csrc \
+    tests/kernel/tile_limits.cu -o /tmp/tile_limits > $OUT/fp8tile.log 2>&1 || { echo "fp8tile: build failed"; tail -5 $OUT/fp8tile.log; }
+  for cfg in "4096 4 2048" "2048 64 256" "7168 32 256"; do
+    echo "== K E rows = $cfg" >> $OUT/fp8tile.log
+    TL_SUSTAIN=${FP8TILE_SUSTAIN_S:-4} TL_SUSTAIN_MODES=${FP8TILE_MODES:-7,14,15,16} timeout 200 /tmp/tile_limits $cfg >> $OUT/fp8tile.log 2>&1
+    echo "rc $?" >> $OUT/fp8tile.log
+  done
+  echo "fp8tile [${SECONDS}s]"; grep -E "^== |vs host product|^(7|14|15|16) |error|rc [1-9]" $OUT/fp8tile.log | cut -c1-160
 fi
 if has probe; then
   timeout 200 torchrun --nproc_per_node=1 -m weave_kernel.gemm_probe 2>&1 | grep -v Warning | tee $OUT/probe.log | tail -5
