@@ -704,6 +704,40 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
+// One 128-of-K stage of a block-scaled FP8 tile (modes 15 and 16), consumer warpgroup cw (thread ct of the 256
+// consumers): wait for the stage, compute it in two 64 x 128 halves into a partial accumulator starting from zero,
+// release the stage once both halves have read it, and add each half times its rows' (a0: row0, a1: row0 + 8) and
+// columns' (b0: tile columns [0, 128), b1: [128, 256)) scales to the tile's accumulator.
+__device__ __forceinline__ void f8_scaled_stage(TileAcc& acc, const Params& p, uint8_t* smem, uint64_t* full,
+                                                uint64_t* empty, int s, uint32_t parity, int k, int cw, int ct, float a0,
+                                                float a1, float b0, float b1) {
+  mbar_wait(p, &full[s], parity, s, k);
+  const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
+  const uint32_t sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float part[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32),
+                            kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(part[i])::"memory");
+    if (h == 1) {  // both halves have read the stage: release it
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+      if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
+    }
+    const float bs = h ? b1 : b0;
+    const float s0 = a0 * bs, s1 = a1 * bs;
+#pragma unroll
+    for (int i = 0; i < 64; ++i)  // n128 element i is the tile's accumulator 64 h + i (same row, column + 128 h)
+      acc.d[64 * h + i] += part[i] * (((i & 3) >> 1) ? s1 : s0);
+  }
+}
+
 // ---- mode 15: FP8 with 128 x 128 block scales (promotion per 128 of K) -------------------------------------
 // 256 threads, no producer warpgroup: thread 0 keeps the TMA loads kStages - 1 iterations ahead of the one its
 // warpgroup consumes (it waits on the oldest stage's "empty" barrier, i.e. for the other warpgroup too). With 8 warps
@@ -763,31 +797,7 @@ __global__ void __launch_bounds__(kF8sThreads, 1)
       const int s = it % kStages;
       const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k];  // rows row0, row0 + 8
       const float b0 = sb_col[k], b1 = sb_col[kb_n + k];      // columns [0, 128), [128, 256) of the tile
-      mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
-      const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
-      const uint32_t sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float part[64];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32),
-                                kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(part[i])::"memory");
-        if (h == 1) {  // both halves have read the stage: release it
-          asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-          if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
-        }
-        const float bs = h ? b1 : b0;
-        const float s0 = a0 * bs, s1 = a1 * bs;
-#pragma unroll
-        for (int i = 0; i < 64; ++i)  // n128 element i is the tile's accumulator 64 h + i (same row, column + 128 h)
-          acc.d[64 * h + i] += part[i] * (((i & 3) >> 1) ? s1 : s0);
-      }
+      f8_scaled_stage(acc, p, smem, full, empty, s, (it / kStages) & 1, k, cw, ct, a0, a1, b0, b1);
     }
     float keep = 0.f;
 #pragma unroll
@@ -862,30 +872,7 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
         const int s = it % kStages;
         const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k];
         const float b0 = sb_col[k], b1 = sb_col[kb_n + k];
-        mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
-        const uint32_t sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
-        const uint32_t sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float part[64];
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            wgmma_m64n128k32_e4m3(part, wgmma_desc_sw128(sa + kk * 32),
-                                  wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32), kk > 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(part[i])::"memory");
-          if (h == 1) {
-            asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-            if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
-          }
-          const float bs = h ? b1 : b0;
-          const float s0 = a0 * bs, s1 = a1 * bs;
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc.d[64 * h + i] += part[i] * (((i & 3) >> 1) ? s1 : s0);
-        }
+        f8_scaled_stage(acc, p, smem, full, empty, s, (it / kStages) & 1, k, cw, ct, a0, a1, b0, b1);
       }
       float keep = 0.f;
 #pragma unroll
