@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from .module import WeaveMoE, kernel_options
+from .validate import full_device
 
 
 class UnsupportedBlock(ValueError):
@@ -494,9 +495,7 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
         raise CheckpointError(f"load_model: {path} is quantized ({config.quantization_config}); WeaveMoE's experts "
                               f"are bf16 and load_model reads unquantized checkpoints")
     config.name_or_path = str(path)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and dev.index is None:  # the kernel wants its index
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = full_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     targets = _moe_targets(model)

@@ -29,7 +29,7 @@ from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_i
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
-from .validate import check_layer_inputs, check_shared_scale, check_shared_weights
+from .validate import check_layer_inputs, check_shared_scale, check_shared_weights, full_device
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
@@ -268,9 +268,7 @@ class MoEMegakernel:
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
         self.num_local_experts = num_experts // self.world
         self.max_tokens = max_tokens
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current device, named
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = full_device(device if device is not None else "cuda")  # "cuda": the current device, named
         self.timeout_ns = int(timeout_s * 1e9)
         dispatch_issuers(dispatch)  # checked here, before anything is built
         self.dispatch = dispatch

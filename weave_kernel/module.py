@@ -38,7 +38,7 @@ import torch
 
 from .geometry import check_geometry
 from .reference import ep_moe_reference
-from .validate import check_layer_inputs
+from .validate import check_layer_inputs, full_device
 
 SCORINGS = ("softmax", "sigmoid")
 BACKENDS = ("kernel", "torch")
@@ -180,8 +180,7 @@ class WeaveMoE(torch.nn.Module):
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
         self.on_overflow = on_overflow
         self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
-        dev = _full_device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        dev = full_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if backend == "kernel" and (dev.type != "cuda" or not torch.cuda.is_available()):
             raise RuntimeError(f"backend='kernel' runs the CUDA megakernel (Hopper GPUs) and needs a CUDA device, not "
                                f"{dev}{'' if torch.cuda.is_available() else ' (this torch sees no GPU)'}; "
@@ -387,14 +386,6 @@ class WeaveMoE(torch.nn.Module):
                 f"policy={self.policy}")
 
 
-def _full_device(d) -> torch.device:
-    """d as a torch.device; "cuda" without an index is the current CUDA device, named (where CUDA is available)."""
-    d = torch.device(d)
-    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return d
-
-
 def _same_placement(a, b, world: int) -> bool:
     """Whether placements a and b give every rank the same experts in the same local order."""
     return all(list(a.local_experts(g)) == list(b.local_experts(g)) for g in range(world))
@@ -428,7 +419,7 @@ def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, to
 
     if world_if_none(kernel.group) is not world_if_none(group):
         raise ValueError("kernel= was built on another process group than this block's group=")
-    if _full_device(device) != _full_device(kernel.device):
+    if full_device(device) != full_device(kernel.device):
         raise ValueError(f"kernel= lives on {kernel.device}, this block on {device}")
     if not _same_placement(kernel.placement, placement, world):
         raise ValueError("kernel= places the experts differently from this block's placement (every block on one "

@@ -4,6 +4,14 @@ from __future__ import annotations
 import torch
 
 
+def full_device(d) -> torch.device:
+    """d as a torch.device; "cuda" without an index is the current CUDA device, named (where CUDA is available)."""
+    d = torch.device(d)
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
