@@ -37,6 +37,9 @@
 //           with a producer warpgroup, 168). Checked against a host product with the scales on three tiles.
 //   mode 16 mode 15 with a producer warpgroup (384 threads) and setmaxnreg: 40 registers for the producer, 232 for
 //           the consumers, so the warpgroups do not wait on each other's releases before their MMAs. Same check.
+//   mode 17 the same block scales with one accumulator set, rescaled before each stage by the ratio of the previous
+//           stage's scale to this one's (168 registers, no setmaxnreg: what fits the megakernel). Same check.
+//   mode 18 mode 17 with each stage issued as two n128 halves, one half rescaled while the other's MMAs run.
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
@@ -889,6 +892,157 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
   }
 }
 
+// ---- modes 17 and 18: block scales without a second accumulator set (168 registers, no setmaxnreg) ---------
+// The tile's accumulator is kept in units of the current stage's scale s_k = a(row, k) * b(column block, k): before
+// stage k's MMAs it is multiplied by s_{k-1} / s_k, the MMAs then add the plain e4m3 product of stage k into it, and
+// the epilogue multiplies by the last stage's scale (the running rescale of an online softmax). One set of 128
+// accumulators, so it fits the megakernel's 168 registers. Mode 17 rescales all 128 after a wait for the previous
+// stage's MMAs (the warpgroup's MMAs stop meanwhile; the other warpgroup's run). Mode 18 issues each stage as two
+// n128 halves in their own commit groups, and rescales half h of the accumulator while the other half's MMAs of
+// the previous stage still run, so a warpgroup keeps MMAs in flight through its own rescale. Scales must be > 0
+// (a quantizer clamps them away from 0). Same producer warpgroup and stages as mode 16.
+template <int kStages, bool kSplit>
+__global__ void __launch_bounds__(kF8pThreads, 1)
+    tiles_kernel_f8_rescaled(float* sink, int E, int rows, int N, int K8, const float* a_scale, const float* b_scale,
+                             unsigned long long* t, const __grid_constant__ Params p,
+                             const __grid_constant__ TensorMapBytes a_map, const __grid_constant__ TensorMapBytes b_map) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
+  const int total = E * per_e;
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    if (threadIdx.x == 0) {
+      int it = 0;
+      for (int u = blockIdx.x; u < total; u += gridDim.x) {
+        const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(p, &empty[s], ((it / kStages) - 1) & 1, 200 + s, k);
+          const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
+          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+          tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
+          tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
+        }
+      }
+    }
+  } else {
+    const int cw = wg - 1, ct = threadIdx.x - 128;
+    const int row0 = cw * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2);  // the thread's rows: row0 and row0 + 8
+    auto release = [&](int s) {
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+      if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
+    };
+    // accumulator i: row row0 + 8 ((i & 3) >> 1), column half i / 64; q[2 * half + row] is its current scale
+    // The empty asm after each product pins it before the wgmma.fence that follows (otherwise the multiplies may be
+    // scheduled after the fence, and ptxas then inserts its own fence and serialises every wgmma).
+    auto rescale = [](TileAcc& acc, int h0, int h1, const float* r) {
+#pragma unroll
+      for (int i = 64 * h0; i < 64 * h1; ++i) {
+        acc.d[i] *= r[2 * (i / 64) + ((i & 3) >> 1)];
+        asm volatile("" : "+f"(acc.d[i])::"memory");
+      }
+    };
+    int it = 0;
+    for (int u = blockIdx.x; u < total; u += gridDim.x) {
+      const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+      const float* sa_row = a_scale + (static_cast<int64_t>(e) * rows + rb * C::kBlockM + row0) * kb_n;
+      const float* sb_col = b_scale + (static_cast<int64_t>(e) * (N / 128) + cb * 2) * kb_n;
+      TileAcc acc;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
+      float q[4];  // the accumulator's current units
+      auto issue_half = [&](int h, uint32_t sa, uint32_t sb) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n128k32_e4m3(acc.d + 64 * h, wgmma_desc_sw128(sa + kk * 32),
+                                wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32), 1);
+        wgmma_commit();
+      };
+      // stage k's scales: r takes the accumulator from the current units q to stage k's, which become q
+      auto scales = [&](int k, float* r) {
+        const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k], b0 = sb_col[k], b1 = sb_col[kb_n + k];
+        const float nq[4] = {a0 * b0, a1 * b0, a0 * b1, a1 * b1};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          r[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: a branch there serialises the wgmmas
+          q[j] = nq[j];
+        }
+      };
+      auto stage_addr = [&](int s, uint32_t* sa, uint32_t* sb) {
+        *sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
+        *sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
+      };
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q[j] = 1.f;
+      if constexpr (kSplit) {  // stage 0 outside the loop: every wait below is unconditional
+        float r[4];
+        uint32_t sa, sb;
+        scales(0, r);
+        stage_addr(it % kStages, &sa, &sb);
+        mbar_wait(p, &full[it % kStages], (it / kStages) & 1, it % kStages, 0);
+        issue_half(0, sa, sb);
+        issue_half(1, sa, sb);
+        ++it;
+        for (int k = 1; k < num_k; ++k, ++it) {
+          const int s = it % kStages;
+          scales(k, r);
+          stage_addr(s, &sa, &sb);
+          mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
+          wgmma_wait<1>();  // half 0 of stage k - 1 is done; its half 1 may still run
+          rescale(acc, 0, 1, r);
+          issue_half(0, sa, sb);
+          wgmma_wait<1>();  // half 1 of stage k - 1 is done
+          rescale(acc, 1, 2, r);
+          issue_half(1, sa, sb);
+          release((it - 1) % kStages);
+        }
+        wgmma_wait<0>();
+        release((it - 1) % kStages);
+      } else {
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int s = it % kStages;
+          float r[4];
+          uint32_t sa, sb;
+          scales(k, r);
+          stage_addr(s, &sa, &sb);
+          mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
+          rescale(acc, 0, 2, r);  // k = 0: r = 1 / nq times an all-zero accumulator
+          mma_stage_e4m3(acc, sa, sb);
+          wgmma_wait<0>();
+          release(s);
+        }
+      }
+      rescale(acc, 0, 2, q);  // into the product's own units
+      float keep = 0.f;
+#pragma unroll
+      for (int i = 0; i < C::kBlockN / 2; ++i) keep += acc.d[i];
+      sink[(static_cast<int64_t>(e) * per_e + cb * nrb + rb) * 256 + ct] = keep;
+    }
+  }
+  __syncthreads();
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    t[2 * blockIdx.x] = t0;
+    t[2 * blockIdx.x + 1] = t1;
+  }
+}
+
 // random values in [-1, 1) of type T (bf16, or e4m3 for modes 14 / 15); zeros would let the tensor cores run cooler
 // than real data does
 template <typename T>
@@ -930,7 +1084,12 @@ static bf16* g_out;              // C [E * rows][N] (mode 11)
 template <int MODE>
 int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
            const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
-  if constexpr (MODE == 15 || MODE == 16) {
+  if constexpr (MODE == 17 || MODE == 18) {
+    constexpr int kSmem = ws_smem(4);
+    auto fn = tiles_kernel_f8_rescaled<4, MODE == 18>;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    fn<<<ctas, kF8pThreads, kSmem>>>(sink, E, rows, N, K, g_as, g_bs, t, p, g_a_map8, g_b_map8);
+  } else if constexpr (MODE == 15 || MODE == 16) {
     constexpr int kSmem = ws_smem(4);
     auto fn = MODE == 15 ? tiles_kernel_f8_scaled<4> : tiles_kernel_f8_scaled_ws<4>;
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -1149,13 +1308,14 @@ int main(int argc, char** argv) {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[17] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[19] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
                            "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
                            "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)",
-                           "FP8 + 128x128 block scales", "mode 15 + producer wg, setmaxnreg"};
-  double r[17][3] = {};
+                           "FP8 + 128x128 block scales", "mode 15 + producer wg, setmaxnreg",
+                           "block scales, rescaled acc", "mode 17, halves pipelined"};
+  double r[19][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -1204,11 +1364,13 @@ int main(int argc, char** argv) {
     std::vector<float> lut(256);
     for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_float(static_cast<uint8_t>(v));
     const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e, kbn = K / 128;
-    for (int mode : {14, 15, 16}) {
+    for (int mode : {14, 15, 16, 17, 18}) {
       CK(cudaMemset(sink, 0xFF, sink_len * 4));
       if ((mode == 14   ? run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])
            : mode == 15 ? run<15>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[15][0])
-                        : run<16>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[16][0])) != 0)
+           : mode == 16 ? run<16>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[16][0])
+           : mode == 17 ? run<17>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[17][0])
+                        : run<18>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[18][0])) != 0)
         return 1;
       CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
       size_t bad = 0, checked = 0;
@@ -1268,11 +1430,13 @@ int main(int argc, char** argv) {
     if (f8 && g > 0 && run<14>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[14][g])) return 1;
     if (f8 && g > 0 && run<15>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[15][g])) return 1;
     if (f8 && g > 0 && run<16>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[16][g])) return 1;
+    if (f8 && g > 0 && run<17>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[17][g])) return 1;
+    if (f8 && g > 0 && run<18>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[18][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
   // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
   const char* sus = std::getenv("TL_SUSTAIN");
@@ -1304,12 +1468,16 @@ int main(int argc, char** argv) {
         case 14:
         case 15:
         case 16:
-          if (!f8) { std::printf("modes 14-16 need K %% 128 == 0\n"); return 1; }
+        case 17:
+        case 18:
+          if (!f8) { std::printf("modes 14-18 need K %% 128 == 0\n"); return 1; }
           rc = m == 14   ? sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
                : m == 15 ? sustain<15>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
-                         : sustain<16>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+               : m == 16 ? sustain<16>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+               : m == 17 ? sustain<17>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+                         : sustain<18>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
           break;
-        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-16)\n", m); return 1;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-18)\n", m); return 1;
       }
       if (rc) return 1;
       std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
