@@ -11,6 +11,11 @@ One object per rank and layer geometry:
 x [N, H] bf16, topk_ids [N, k] int32/int64 global ids, topk_weights [N, k] fp32, w13 [E_loc, 2I, H] bf16,
 w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_experts(rank)); y [N, H] bf16.
 
+FP8 experts (`expert_dtype="fp8"`, weave_kernel/fp8.py): w13 and w2 are pairs (e4m3 weights, fp32 scales per 128 x 128
+block), e.g. from `fp8.quantize_experts`; x stays bf16 and is quantized per (row, 128 columns) before the launch; the
+kernel dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. Not with a shared
+expert or bulk dispatch (docs/kernel.md, "FP8 experts in the layer").
+
 A shared expert (always on, this rank's own tokens; no dispatch, no combine) is computed inside the same launch when
 the layer is built with `shared_inter=Is` and called with `shared=(w13s [2Is, H], w2s [H, Is])`: its tiles take the
 tickets before (`shared_order="first"`) or after (`"last"`, the default) the routed experts' and its output is added
@@ -29,6 +34,7 @@ from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_i
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
+from .fp8 import quantize_act_into
 from .validate import check_layer_inputs, check_shared_scale, check_shared_weights, full_device
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
@@ -51,6 +57,14 @@ ERROR_TEXT = {
     10: "timeout waiting for the shared expert's GEMM1 tiles ({1} expected) before the reduction",
 }
 ERR_RECV_OVERFLOW = 2  # kErrRecvOverflow (csrc/params.h)
+EXPERT_DTYPES = ("bf16", "fp8")
+FP8_BLOCK = 128              # fp8.BLOCK: columns per activation scale, rows and columns per weight scale
+
+
+def check_expert_dtype(expert_dtype) -> str:
+    if expert_dtype not in EXPERT_DTYPES:
+        raise ValueError(f"expert_dtype must be one of {EXPERT_DTYPES}, got {expert_dtype!r}")
+    return expert_dtype
 
 
 class ReceiveOverflow(RuntimeError):
@@ -110,6 +124,7 @@ class BufferPlan:
     off_comb: int
     off_recv_x: int
     total_bytes: int
+    off_recv_xs: int = 0  # FP8 experts: the received rows' scales (fp32 [rows, hidden / 128]); 0 for bf16
 
 
 def recv_pairs_of(world: int, max_tokens: int, top_k: int, recv_capacity: int | None) -> int:
@@ -125,10 +140,11 @@ def recv_pairs_of(world: int, max_tokens: int, top_k: int, recv_capacity: int | 
 
 
 def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_tokens: int,
-                 recv_capacity: int | None = None) -> BufferPlan:
+                 recv_capacity: int | None = None, fp8: bool = False) -> BufferPlan:
     """Receive rows for recv_capacity pairs (default the worst case: every pair of every rank lands on one owner)
     plus one partial row block per local expert (an expert's rows from all sources are packed, then padded once).
-    One row flag per (row block, source)."""
+    One row flag per (row block, source). fp8: e4m3 rows land in the first half of each bf16-sized receive row (the
+    sequential policy writes its bf16 outputs over them), their scales after them."""
     num_local = num_experts // world
     rows = recv_pairs_of(world, max_tokens, top_k, recv_capacity) + num_local * (BLOCK_M - 1)
     rows = (rows + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -143,23 +159,27 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
         ("recv_meta", 4 * rows),
         ("comb", 2 * max_tokens * top_k * hidden),
         ("recv_x", 2 * rows * hidden),
+        ("recv_xs", 4 * rows * (hidden // FP8_BLOCK) if fp8 else 0),
     ):
         layout[name] = off
         off = _align(off + nbytes)
     return BufferPlan(rows, blocks, *(layout[n] for n in
-                      ("count_flag", "comb_flag", "gcounts", "blk_flag", "recv_meta", "comb", "recv_x")), off)
+                      ("count_flag", "comb_flag", "gcounts", "blk_flag", "recv_meta", "comb", "recv_x")), off,
+                      layout["recv_xs"] if fp8 else 0)
 
 
 def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, world: int, max_tokens: int,
                     shared_inter: int = 0, num_ctas: int = 132, timeline_per_cta: int = 0,
-                    recv_capacity: int | None = None) -> dict[str, int]:
+                    recv_capacity: int | None = None, expert_dtype: str = "bf16") -> dict[str, int]:
     """Bytes of device memory one MoEMegakernel allocates on each rank, by part: "symmetric" (the buffer the peers
     write into: received rows, combine rows, flags), "h" (the SwiGLU outputs of every received row), "shared" (the
     shared expert's scratch), "other" (pair lists, counters, tables, timeline) and "total". Nothing here depends on
     the weights: calls run one after another, so one object serves every layer of its geometry (WeaveMoE's
     kernel=, hf.replace_moe_blocks shares one per geometry). `MoEMegakernel.workspace_bytes()` sums what an
-    object did allocate; the GPU tests check that the two agree."""
-    plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens, recv_capacity)
+    object did allocate; the GPU tests check that the two agree. expert_dtype "fp8": h in e4m3 with its scales,
+    the received rows' scales, and the quantized x with its scales ("other")."""
+    fp8 = check_expert_dtype(expert_dtype) == "fp8"
+    plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens, recv_capacity, fp8)
     ns = max_tokens if shared_inter else 1
     shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
     other = (4 * 2 * num_experts                      # expert_ctr
@@ -170,8 +190,12 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
              + 8 * COST_TABLE_LEN + 8 * CHOICE_LEN + 8  # cost table, choice, epoch counter
              + 4 * num_experts * 2                    # expert_owner, owner_experts
              + 8 * world)                             # peer_base
+    if fp8:
+        other += max_tokens * hidden + 4 * max_tokens * (hidden // FP8_BLOCK)  # x in e4m3, its scales
+    h_bytes = (plan.recv_cap_rows * inter + 4 * plan.recv_cap_rows * (inter // FP8_BLOCK) if fp8
+               else 2 * plan.recv_cap_rows * inter)
     parts = {"symmetric": plan.total_bytes,
-             "h": 2 * plan.recv_cap_rows * inter,
+             "h": h_bytes,
              "shared": 2 * ns * max(1, shared_inter) + 2 * ns * hidden + 4 * 2 * shared_blocks,
              "other": other}
     parts["total"] = sum(parts.values())
@@ -225,11 +249,14 @@ def check_fits(need: dict, device, *, group=None, distributed: bool = False, wor
 class MoEMegakernel:
     """The persistent cross-GPU MoE layer on one rank. Construction is collective over `group`."""
 
+    fp8 = False  # expert_dtype "fp8" (set by __init__)
+    h_scale = x_q = x_s = None  # FP8 only: h's scales, x quantized and its scales
+
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, virtual: tuple[int, int] | None = None,
                  num_ctas: int | None = None, dispatch: str = "threads", shared_inter: int = 0,
-                 recv_capacity: int | None = None):
+                 recv_capacity: int | None = None, expert_dtype: str = "bf16"):
         """`ext`: an already loaded extension (build.load_extension(csrc=...): another kernel version); default the
         package's own. `virtual=(rank, world)`: one of `world` ranks that share this process and GPU
         (`weave_kernel.virtual.VirtualRanks` builds them; not collective, plain buffers, the peers' addresses
@@ -243,7 +270,9 @@ class MoEMegakernel:
         receive rows and the SwiGLU scratch are sized by it, the largest part of the buffers at EP >= 2; e.g.
         2 x max_tokens x top_k holds twice a balanced load. A call whose routing sends some rank more raises
         ReceiveOverflow on every rank before any row moves; with check=True (or VirtualRanks' check) the layer
-        stays usable, so the caller can split the batch and call again."""
+        stays usable, so the caller can split the batch and call again.
+        `expert_dtype`: "bf16", or "fp8" (module docstring): hidden and inter multiples of 128, no shared expert,
+        dispatch "threads"."""
         import torch.distributed as dist
 
         from .build import load_extension
@@ -261,6 +290,15 @@ class MoEMegakernel:
             self.world = dist.get_world_size(group) if self.distributed else 1
             self.rank = dist.get_rank(group) if self.distributed else 0
         check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus, shared_inter)
+        self.fp8 = check_expert_dtype(expert_dtype) == "fp8"
+        if self.fp8:
+            if hidden % FP8_BLOCK or inter % FP8_BLOCK:
+                raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} (their scale blocks), "
+                                 f"got hidden {hidden}, inter {inter}")
+            if shared_inter:
+                raise ValueError("FP8 experts are built without a shared expert (shared_inter must be 0)")
+            if dispatch != "threads":
+                raise ValueError("FP8 experts dispatch by threads (dispatch='threads'), not by bulk copies")
         if placement.num_experts != num_experts:
             raise ValueError(f"placement has {placement.num_experts} experts, the layer {num_experts}")
         if max_tokens < 1:
@@ -289,17 +327,24 @@ class MoEMegakernel:
 
         self.placement = placement
         self.recv_capacity = recv_pairs_of(self.world, max_tokens, top_k, recv_capacity)
-        self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens, recv_capacity)
+        self.plan = plan_buffers(hidden, num_experts, top_k, self.world, max_tokens, recv_capacity, self.fp8)
         self._check_memory(workspace_bytes(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                            world=self.world, max_tokens=max_tokens, shared_inter=shared_inter,
                                            num_ctas=self.num_ctas, timeline_per_cta=timeline_per_cta,
-                                           recv_capacity=recv_capacity))
+                                           recv_capacity=recv_capacity, expert_dtype=expert_dtype))
         self._alloc_symmetric(self.plan.total_bytes)
         i32 = dict(dtype=torch.int32, device=dev)
         self.expert_ctr = torch.zeros(2 * num_experts, **i32)  # the kernel clears the parity the next call uses
         self.pair_slot = torch.empty(max_tokens * top_k, **i32)
         self.sorted_pair = torch.empty(max_tokens * top_k, **i32)
-        self.h = torch.empty(self.plan.recv_cap_rows * inter, dtype=torch.bfloat16, device=dev)
+        rows = self.plan.recv_cap_rows
+        if self.fp8:  # h in e4m3 with its scales; this rank's x quantized before each launch
+            self.h = torch.empty(rows * inter, dtype=torch.uint8, device=dev)
+            self.h_scale = torch.empty(rows * (inter // FP8_BLOCK), dtype=torch.float32, device=dev)
+            self.x_q = torch.empty(max_tokens * hidden, dtype=torch.uint8, device=dev)
+            self.x_s = torch.empty(max_tokens * (hidden // FP8_BLOCK), dtype=torch.float32, device=dev)
+        else:
+            self.h = torch.empty(rows * inter, dtype=torch.bfloat16, device=dev)
         self.g0_done = torch.zeros(2 * self.plan.max_row_blocks, **i32)
         self.sched = torch.zeros(8, **i32)
         # the shared expert's scratch (a 1-element placeholder when the layer has none: the kernel never reads it)
@@ -342,10 +387,12 @@ class MoEMegakernel:
     def workspace_bytes(self) -> dict[str, int]:
         """Bytes this object allocated on its device, by part (as the module function workspace_bytes reports)."""
         nb = lambda *ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-        parts = {"symmetric": nb(self.symm), "h": nb(self.h), "shared": nb(self.hs, self.ys, self.g0s_done),
+        f8 = (self.x_q, self.x_s) if self.fp8 else ()
+        parts = {"symmetric": nb(self.symm), "h": nb(self.h, *((self.h_scale,) if self.fp8 else ())),
+                 "shared": nb(self.hs, self.ys, self.g0s_done),
                  "other": nb(self.expert_ctr, self.pair_slot, self.sorted_pair, self.g0_done, self.sched,
                              self.grid_bar, self.err, self.timeline, self.timeline_count, self.cost_table,
-                             self.choice, self.epoch_ctr, self.expert_owner, self.owner_experts, self.peer_base)}
+                             self.choice, self.epoch_ctr, self.expert_owner, self.owner_experts, self.peer_base, *f8)}
         parts["total"] = sum(parts.values())
         return parts
 
@@ -415,7 +462,8 @@ class MoEMegakernel:
                              "with check=False and call raise_if_error() after the replays")
         check_layer_inputs(x, topk_ids, topk_weights, w13, w2, hidden=self.hidden, inter=self.inter,
                            num_experts=self.num_experts, num_local_experts=self.num_local_experts,
-                           top_k=self.top_k, max_tokens=self.max_tokens, device=self.device, check_ids=check)
+                           top_k=self.top_k, max_tokens=self.max_tokens, device=self.device, check_ids=check,
+                           fp8=self.fp8)
         if shared is not None:
             if self.shared_inter <= 0:
                 raise ValueError("shared= needs the layer built with shared_inter > 0 (the shared expert's width)")
@@ -444,6 +492,9 @@ class MoEMegakernel:
             # an error word that unchecked calls or graph replays left is theirs, and never recoverable: read it first
             # (one more host sync), so that a ReceiveOverflow after this call is this call's own
             self.raise_if_error()
+        if self.fp8:  # this rank's rows in e4m3 with their scales (torch ops on the current stream, before the launch)
+            n, nb = x.shape[0], self.hidden // FP8_BLOCK
+            quantize_act_into(x, self.x_q[: n * self.hidden].view(n, self.hidden), self.x_s[: n * nb].view(n, nb))
         # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
@@ -477,25 +528,38 @@ class MoEMegakernel:
                                                             shared_order, shared_scale))
             self._launcher_key = key
         sh = shared is not None
+        xp, w13p, w2p, xs, w13s, w2s = self._operand_ptrs(x, w13, w2)
         self._launcher.launch(
-            x.data_ptr(), ids.data_ptr(), tw.data_ptr(), w13.data_ptr(), w2.data_ptr(), y.data_ptr(), x.shape[0],
+            xp, ids.data_ptr(), tw.data_ptr(), w13p, w2p, y.data_ptr(), x.shape[0],
             pol.policy_id, pol.num_comm_ctas, int(pol.steal), self.timeline.data_ptr() if record_timeline else 0,
             shared[0].data_ptr() if sh else 0, shared[1].data_ptr() if sh else 0,
             shared_scale.data_ptr() if sh and shared_scale is not None else 0, self.shared_inter if sh else 0,
-            int(shared_order == "first"), stream)
+            int(shared_order == "first"), xs, w13s, w2s, stream)
+
+    def _operand_ptrs(self, x, w13, w2) -> tuple[int, int, int, int, int, int]:
+        """Addresses of (x, w13, w2, x_scale, w13_scale, w2_scale) as the kernel reads them: bf16 tensors and no
+        scales, or (FP8) the quantized x and the weight pairs' e4m3 tensors and scales."""
+        if not self.fp8:
+            return x.data_ptr(), w13.data_ptr(), w2.data_ptr(), 0, 0, 0
+        return (self.x_q.data_ptr(), w13[0].data_ptr(), w2[0].data_ptr(), self.x_s.data_ptr(), w13[1].data_ptr(),
+                w2[1].data_ptr())
 
     def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool, shared=None,
                 shared_order: str = "last", shared_scale=None) -> dict:
         pl = self.plan
+        xp, w13p, w2p, xs, w13s_, w2s_ = self._operand_ptrs(x, w13, w2)
+        fp8 = self.fp8
         return {
+            "fp8": int(fp8), "x_scale": xs, "w13_scale": w13s_, "w2_scale": w2s_,
+            "off_recv_xs": pl.off_recv_xs, "h_scale": self.h_scale.data_ptr() if fp8 else 0,
             "shared_scale": shared_scale.data_ptr() if shared is not None and shared_scale is not None else 0,
             "w13s": shared[0].data_ptr() if shared is not None else 0,
             "w2s": shared[1].data_ptr() if shared is not None else 0,
             "hs": self.hs.data_ptr(), "ys": self.ys.data_ptr(), "g0s_done": self.g0s_done.data_ptr(),
             "inter_shared": self.shared_inter if shared is not None else 0,
             "shared_first": int(shared_order == "first"), "max_shared_blocks": self.max_shared_blocks,
-            "x": x.data_ptr(), "topk_ids": ids.data_ptr(), "topk_weights": tw.data_ptr(),
-            "w13": w13.data_ptr(), "w2": w2.data_ptr(), "y": y.data_ptr(),
+            "x": xp, "topk_ids": ids.data_ptr(), "topk_weights": tw.data_ptr(),
+            "w13": w13p, "w2": w2p, "y": y.data_ptr(),
             "expert_owner": self.expert_owner.data_ptr(), "owner_experts": self.owner_experts.data_ptr(),
             "peer_base": self.peer_base.data_ptr(),
             "off_count_flag": pl.off_count_flag, "off_comb_flag": pl.off_comb_flag,
@@ -537,7 +601,11 @@ class MoEMegakernel:
         for start, end in ((pl.off_comb, pl.off_recv_x), (pl.off_recv_x, pl.total_bytes)):
             region = self.symm[start:end]
             region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
-        self.h.fill_(float("nan"))
+        if self.fp8:
+            self.h.fill_(0xFF)  # e4m3 NaN
+            self.h_scale.fill_(float("nan"))
+        else:
+            self.h.fill_(float("nan"))
         self.hs.fill_(float("nan"))
         self.ys.fill_(float("nan"))
 

@@ -71,12 +71,35 @@ def _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_ex
 
 def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter: int, num_experts: int,
                        num_local_experts: int, top_k: int, max_tokens: int, device=None,
-                       check_ids: bool = True) -> None:
-    """Check one call's tensors against the layer. check_ids scans topk_ids (one host sync)."""
+                       check_ids: bool = True, fp8: bool = False) -> None:
+    """Check one call's tensors against the layer. check_ids scans topk_ids (one host sync). fp8: w13 and w2 are
+    (e4m3 weights, fp32 block scales) pairs (weave_kernel/fp8.py)."""
+    if fp8:
+        from .fp8 import check_fp8_weights
+
+        check_fp8_weights(w13, w2, hidden=hidden, inter=inter, num_local_experts=num_local_experts)
+        for name, w in (("w13", w13), ("w2", w2)):
+            for t in w:
+                if device is not None and t.device != torch.device(device):
+                    raise ValueError(f"{name} is on {t.device}, the layer runs on {device}")
+        _check_tokens(x, topk_ids, topk_weights, hidden=hidden, num_experts=num_experts, top_k=top_k,
+                      max_tokens=max_tokens, device=device, check_ids=check_ids)
+        return
     if _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_experts, top_k, max_tokens, device):
         if check_ids and x.shape[0]:
             _check_ids(topk_ids, num_experts)
         return
+    _check_tokens(x, topk_ids, topk_weights, hidden=hidden, num_experts=num_experts, top_k=top_k,
+                  max_tokens=max_tokens, device=device, check_ids=False)
+    _tensor("w13", w13, (torch.bfloat16,), (num_local_experts, 2 * inter, hidden), device)
+    _tensor("w2", w2, (torch.bfloat16,), (num_local_experts, hidden, inter), device)
+    if check_ids and x.shape[0]:
+        _check_ids(topk_ids, num_experts)
+
+
+def _check_tokens(x, topk_ids, topk_weights, *, hidden: int, num_experts: int, top_k: int, max_tokens: int,
+                  device, check_ids: bool) -> None:
+    """x [N, H] bf16, topk_ids [N, k] int32/int64, topk_weights [N, k] fp32 (and the ids in range)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D tensor [num_tokens, {hidden}]")
     n = x.shape[0]
@@ -85,7 +108,5 @@ def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter
     _tensor("x", x, (torch.bfloat16,), (n, hidden), device)
     _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (n, top_k), device)
     _tensor("topk_weights", topk_weights, (torch.float32,), (n, top_k), device)
-    _tensor("w13", w13, (torch.bfloat16,), (num_local_experts, 2 * inter, hidden), device)
-    _tensor("w2", w2, (torch.bfloat16,), (num_local_experts, hidden, inter), device)
     if check_ids and n:
         _check_ids(topk_ids, num_experts)

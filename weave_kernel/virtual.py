@@ -42,7 +42,7 @@ class VirtualRanks:
                  max_tokens: int, device=None, ctas_per_rank: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
                  cost_profile=DEFAULT_COST_PROFILE, ext=None, dispatch: str = "threads", shared_inter: int = 0,
-                 recv_capacity: int | None = None):
+                 recv_capacity: int | None = None, expert_dtype: str = "bf16"):
         from .build import load_extension
 
         self.world = int(world)
@@ -60,7 +60,7 @@ class VirtualRanks:
                           max_tokens=max_tokens, device=self.device, timeout_s=timeout_s,
                           timeline_per_cta=timeline_per_cta, cost_profile=cost_profile, ext=ext,
                           virtual=(r, self.world), num_ctas=n, dispatch=dispatch, shared_inter=shared_inter,
-                          recv_capacity=recv_capacity)
+                          recv_capacity=recv_capacity, expert_dtype=expert_dtype)
             for r in range(self.world)
         ]
         for layer in self.layers:
@@ -100,7 +100,7 @@ class VirtualRanks:
             check_layer_inputs(xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r], hidden=layer.hidden,
                                inter=layer.inter, num_experts=layer.num_experts,
                                num_local_experts=layer.num_local_experts, top_k=layer.top_k,
-                               max_tokens=layer.max_tokens, device=self.device, check_ids=True)
+                               max_tokens=layer.max_tokens, device=self.device, check_ids=True, fp8=layer.fp8)
             if shared is not None:
                 if layer.shared_inter <= 0:
                     raise ValueError("shared= needs the ranks built with shared_inter > 0")
@@ -114,7 +114,8 @@ class VirtualRanks:
         ys = []
         for r, (layer, stream) in enumerate(zip(self.layers, self.streams)):
             stream.wait_stream(cur)  # inputs written on the caller's stream
-            for t in (xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r]) + (tuple(shared[r]) if shared else ()):
+            ws = tuple(w13s[r]) + tuple(w2s[r]) if layer.fp8 else (w13s[r], w2s[r])  # FP8: (weights, scales) pairs
+            for t in (xs[r], topk_ids[r], topk_weights[r]) + ws + (tuple(shared[r]) if shared else ()):
                 t.record_stream(stream)  # not reused by the allocator before this rank's grid is done
             with torch.cuda.stream(stream):
                 ys.append(layer(xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r], policy=policy, check=False,

@@ -127,7 +127,7 @@ def test_launcher_gets_the_calls_values_in_the_order_its_signature_names_them():
     binding = (CSRC / "binding.cpp").read_text()
     sig = re.search(r"void launch\(uint64_t x,(.*?)\) \{", binding, re.S).group(0)
     names = re.findall(r"(?:uint64_t|int32_t) (\w+)", sig)
-    assert names[0] == "x" and names[-1] == "stream" and len(names) == 17
+    assert names[0] == "x" and names[-1] == "stream" and len(names) == 20
     built, calls = [], []
 
     class _Launcher:

@@ -39,7 +39,6 @@
 //           the consumers, so the warpgroups do not wait on each other's releases before their MMAs. Same check.
 //   mode 17 the same block scales with one accumulator set, rescaled before each stage by the ratio of the previous
 //           stage's scale to this one's (168 registers, no setmaxnreg: what fits the megakernel). Same check.
-//   mode 18 mode 17 with each stage issued as two n128 halves, one half rescaled while the other's MMAs run.
 // for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
@@ -64,16 +63,7 @@
 
 using namespace weave;
 
-// wgmma m64n256k32, e4m3 x e4m3 -> fp32 (both operands K-major from SW128 smem: FP8 takes no transpose bits).
-__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b));
-}
-
+// (wgmma_m64n256k32_e4m3, mma_stage_e4m3: wgmma.cuh)
 // wgmma m64n128k32, e4m3 x e4m3 -> fp32; scale_d 0 starts the accumulators at zero (mode 15's partial sums).
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -82,16 +72,6 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, uint64_t desc_a,
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// One 128-byte k step of a consumer warpgroup in FP8: 128 of K as 4 x m64n256k32 (32 bytes of K each, the same
-// descriptor offsets as the bf16 k16 steps).
-__device__ __forceinline__ void mma_stage_e4m3(TileAcc& acc, uint32_t sa, uint32_t sb) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k32_e4m3(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32));
-  wgmma_commit();
 }
 
 // ---- the 256-thread tile of main (before the warp-specialised pipeline), kept here for modes 0-6 -----------
@@ -892,16 +872,15 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
   }
 }
 
-// ---- modes 17 and 18: block scales without a second accumulator set (168 registers, no setmaxnreg) ---------
+// ---- mode 17: block scales without a second accumulator set (168 registers, no setmaxnreg) ------------------
 // The tile's accumulator is kept in units of the current stage's scale s_k = a(row, k) * b(column block, k): before
 // stage k's MMAs it is multiplied by s_{k-1} / s_k, the MMAs then add the plain e4m3 product of stage k into it, and
-// the epilogue multiplies by the last stage's scale (the running rescale of an online softmax). One set of 128
-// accumulators, so it fits the megakernel's 168 registers. Mode 17 rescales all 128 after a wait for the previous
-// stage's MMAs (the warpgroup's MMAs stop meanwhile; the other warpgroup's run). Mode 18 issues each stage as two
-// n128 halves in their own commit groups, and rescales half h of the accumulator while the other half's MMAs of
-// the previous stage still run, so a warpgroup keeps MMAs in flight through its own rescale. Scales must be > 0
-// (a quantizer clamps them away from 0). Same producer warpgroup and stages as mode 16.
-template <int kStages, bool kSplit>
+// the end multiplies by the last stage's scale (wgmma.cuh scale_acc, which the megakernel's FP8 tiles use). One
+// set of 128 accumulators, so it fits the megakernel's 168 registers; a warpgroup's MMAs stop while it rescales
+// (the other warpgroup's run). A mode 18 that issued each stage as two n128 halves, rescaling one while the other
+// ran, was serialised by ptxas (C7520) and ran at 1.22-1.31x bf16 instead of 1.44-1.58x
+// (docs/results/fp8/tile_limits_fp8_rescaled_1xh200.txt); it was removed. Same producer warpgroup as mode 16.
+template <int kStages>
 __global__ void __launch_bounds__(kF8pThreads, 1)
     tiles_kernel_f8_rescaled(float* sink, int E, int rows, int N, int K8, const float* a_scale, const float* b_scale,
                              unsigned long long* t, const __grid_constant__ Params p,
@@ -946,16 +925,6 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
       asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
       if (ct % 128 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
     };
-    // accumulator i: row row0 + 8 ((i & 3) >> 1), column half i / 64; q[2 * half + row] is its current scale
-    // The empty asm after each product pins it before the wgmma.fence that follows (otherwise the multiplies may be
-    // scheduled after the fence, and ptxas then inserts its own fence and serialises every wgmma).
-    auto rescale = [](TileAcc& acc, int h0, int h1, const float* r) {
-#pragma unroll
-      for (int i = 64 * h0; i < 64 * h1; ++i) {
-        acc.d[i] *= r[2 * (i / 64) + ((i & 3) >> 1)];
-        asm volatile("" : "+f"(acc.d[i])::"memory");
-      }
-    };
     int it = 0;
     for (int u = blockIdx.x; u < total; u += gridDim.x) {
       const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
@@ -964,70 +933,25 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
       TileAcc acc;
 #pragma unroll
       for (int i = 0; i < C::kBlockN / 2; ++i) acc.d[i] = 0.f;
-      float q[4];  // the accumulator's current units
-      auto issue_half = [&](int h, uint32_t sa, uint32_t sb) {
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_m64n128k32_e4m3(acc.d + 64 * h, wgmma_desc_sw128(sa + kk * 32),
-                                wgmma_desc_sw128(sb + h * 128 * 128 + kk * 32), 1);
-        wgmma_commit();
-      };
-      // stage k's scales: r takes the accumulator from the current units q to stage k's, which become q
-      auto scales = [&](int k, float* r) {
+      float q[4] = {1.f, 1.f, 1.f, 1.f};  // the accumulator's current units (f[2 * half + row], scale_acc)
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int s = it % kStages;
+        float f[4];
         const float a0 = sa_row[k], a1 = sa_row[8 * kb_n + k], b0 = sb_col[k], b1 = sb_col[kb_n + k];
         const float nq[4] = {a0 * b0, a1 * b0, a0 * b1, a1 * b1};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          r[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: a branch there serialises the wgmmas
+          f[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: a branch there serialises the wgmmas
           q[j] = nq[j];
         }
-      };
-      auto stage_addr = [&](int s, uint32_t* sa, uint32_t* sb) {
-        *sa = smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128;
-        *sb = smem_u32(smem + s * C::kSmemStage) + C::kSmemA;
-      };
-#pragma unroll
-      for (int j = 0; j < 4; ++j) q[j] = 1.f;
-      if constexpr (kSplit) {  // stage 0 outside the loop: every wait below is unconditional
-        float r[4];
-        uint32_t sa, sb;
-        scales(0, r);
-        stage_addr(it % kStages, &sa, &sb);
-        mbar_wait(p, &full[it % kStages], (it / kStages) & 1, it % kStages, 0);
-        issue_half(0, sa, sb);
-        issue_half(1, sa, sb);
-        ++it;
-        for (int k = 1; k < num_k; ++k, ++it) {
-          const int s = it % kStages;
-          scales(k, r);
-          stage_addr(s, &sa, &sb);
-          mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
-          wgmma_wait<1>();  // half 0 of stage k - 1 is done; its half 1 may still run
-          rescale(acc, 0, 1, r);
-          issue_half(0, sa, sb);
-          wgmma_wait<1>();  // half 1 of stage k - 1 is done
-          rescale(acc, 1, 2, r);
-          issue_half(1, sa, sb);
-          release((it - 1) % kStages);
-        }
+        mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
+        scale_acc(acc, f);  // k = 0: an all-zero accumulator
+        mma_stage_e4m3(acc, smem_u32(smem + s * C::kSmemStage) + cw * 64 * 128,
+                       smem_u32(smem + s * C::kSmemStage) + C::kSmemA);
         wgmma_wait<0>();
-        release((it - 1) % kStages);
-      } else {
-        for (int k = 0; k < num_k; ++k, ++it) {
-          const int s = it % kStages;
-          float r[4];
-          uint32_t sa, sb;
-          scales(k, r);
-          stage_addr(s, &sa, &sb);
-          mbar_wait(p, &full[s], (it / kStages) & 1, s, k);
-          rescale(acc, 0, 2, r);  // k = 0: r = 1 / nq times an all-zero accumulator
-          mma_stage_e4m3(acc, sa, sb);
-          wgmma_wait<0>();
-          release(s);
-        }
+        release(s);
       }
-      rescale(acc, 0, 2, q);  // into the product's own units
+      scale_acc(acc, q);  // into the product's own units
       float keep = 0.f;
 #pragma unroll
       for (int i = 0; i < C::kBlockN / 2; ++i) keep += acc.d[i];
@@ -1084,9 +1008,9 @@ static bf16* g_out;              // C [E * rows][N] (mode 11)
 template <int MODE>
 int launch(int ctas, const bf16* a, const bf16* b, float* sink, unsigned long long* t, int E, int rows, int N, int K,
            const Params& p, const TensorMapBytes& b_map, bool report_clusters) {
-  if constexpr (MODE == 17 || MODE == 18) {
+  if constexpr (MODE == 17) {
     constexpr int kSmem = ws_smem(4);
-    auto fn = tiles_kernel_f8_rescaled<4, MODE == 18>;
+    auto fn = tiles_kernel_f8_rescaled<4>;
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     fn<<<ctas, kF8pThreads, kSmem>>>(sink, E, rows, N, K, g_as, g_bs, t, p, g_a_map8, g_b_map8);
   } else if constexpr (MODE == 15 || MODE == 16) {
@@ -1308,14 +1232,14 @@ int main(int argc, char** argv) {
   }
 
   const int grid[3] = {132, 66, 16};
-  const char* names[19] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
+  const char* names[18] = {"cp.async A+B (old)", "cp.async A+B/2", "cp.async A only", "no loads",
                            "cp.async A + TMA B (shipped)", "", "A + B multicast, 2-CTA cluster",
                            "warp-specialised, TMA A+B, 4 st.", "warp-spec. + B multicast", "warp-spec., 3 stages",
                            "warp-spec., A gathered (cp.async)", "mode 10 + staged epilogue", "mode 11, bulk-copy stores",
                            "mode 8 lock-step, no multicast", "warp-spec., FP8 e4m3 (mode 7)",
                            "FP8 + 128x128 block scales", "mode 15 + producer wg, setmaxnreg",
-                           "block scales, rescaled acc", "mode 17, halves pipelined"};
-  double r[19][3] = {};
+                           "block scales, rescaled acc"};
+  double r[18][3] = {};
   // modes 4 (TMA B) and 6 (multicast B) must compute exactly what mode 0 (cp.async B) computes: same data, same
   // MMA order, per tile and thread
   std::vector<float> s0(sink_len), sx(sink_len);
@@ -1364,13 +1288,12 @@ int main(int argc, char** argv) {
     std::vector<float> lut(256);
     for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_float(static_cast<uint8_t>(v));
     const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, tiles = E * per_e, kbn = K / 128;
-    for (int mode : {14, 15, 16, 17, 18}) {
+    for (int mode : {14, 15, 16, 17}) {
       CK(cudaMemset(sink, 0xFF, sink_len * 4));
       if ((mode == 14   ? run<14>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[14][0])
            : mode == 15 ? run<15>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[15][0])
            : mode == 16 ? run<16>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[16][0])
-           : mode == 17 ? run<17>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[17][0])
-                        : run<18>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[18][0])) != 0)
+                        : run<17>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[17][0])) != 0)
         return 1;
       CK(cudaMemcpy(sx.data(), sink, sink_len * 4, cudaMemcpyDeviceToHost));
       size_t bad = 0, checked = 0;
@@ -1431,12 +1354,11 @@ int main(int argc, char** argv) {
     if (f8 && g > 0 && run<15>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[15][g])) return 1;
     if (f8 && g > 0 && run<16>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[16][g])) return 1;
     if (f8 && g > 0 && run<17>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[17][g])) return 1;
-    if (f8 && g > 0 && run<18>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[18][g])) return 1;
   }
   std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
               rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
-  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
+  for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
   // TL_SUSTAIN=S: each mode of TL_SUSTAIN_MODES (default 7,10,11,13,8) for S seconds back to back on 132 CTAs
   const char* sus = std::getenv("TL_SUSTAIN");
@@ -1469,15 +1391,13 @@ int main(int argc, char** argv) {
         case 15:
         case 16:
         case 17:
-        case 18:
-          if (!f8) { std::printf("modes 14-18 need K %% 128 == 0\n"); return 1; }
+          if (!f8) { std::printf("modes 14-17 need K %% 128 == 0\n"); return 1; }
           rc = m == 14   ? sustain<14>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
                : m == 15 ? sustain<15>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
                : m == 16 ? sustain<16>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
-               : m == 17 ? sustain<17>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
-                         : sustain<18>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+                         : sustain<17>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
           break;
-        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-18)\n", m); return 1;
+        default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-17)\n", m); return 1;
       }
       if (rc) return 1;
       std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,

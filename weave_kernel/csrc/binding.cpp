@@ -16,6 +16,7 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
 extern "C" int weave_moe_encode_maps(weave::Params* params, int routed, int shared);
 extern "C" int weave_moe_launch_encoded(const weave::Params* params, void* stream, int cooperative, int set_smem_attr);
 extern "C" int weave_moe_max_ctas(int device);
+extern "C" int weave_moe_instance(const weave::Params* params);
 extern "C" const char* weave_cuda_error_string(int code);
 extern "C" int weave_static_smem_bytes();
 extern "C" int weave_calib_push(const weave::CalibPushArgs* args, int num_ctas, void* stream);
@@ -97,6 +98,12 @@ weave::Params read_params(const py::dict& d, int* cooperative) {
   p.inter_shared = get<int32_t>(d, "inter_shared");
   p.shared_first = get<int32_t>(d, "shared_first");
   p.max_shared_blocks = get<int32_t>(d, "max_shared_blocks");
+  p.fp8 = get<int32_t>(d, "fp8");
+  p.x_scale = ptr<const float>(d, "x_scale");
+  p.w13_scale = ptr<const float>(d, "w13_scale");
+  p.w2_scale = ptr<const float>(d, "w2_scale");
+  p.off_recv_xs = get<int64_t>(d, "off_recv_xs");
+  p.h_scale = ptr<float>(d, "h_scale");
   *cooperative = get<int32_t>(d, "cooperative");
   return p;
 }
@@ -137,6 +144,16 @@ void check_params(const weave::Params& p) {
     throw std::invalid_argument("weave launch: unknown policy id");
   if (p.num_ctas < p.world)  // CTA g pushes this rank's counts to rank g
     throw std::invalid_argument("weave launch: num_ctas must be >= the world size");
+  if (p.fp8 != 0 && p.fp8 != 1) throw std::invalid_argument("weave launch: fp8 must be 0 or 1");
+  if (p.fp8) {
+    if (p.hidden % 128 || p.inter % 128)
+      throw std::invalid_argument("weave launch: FP8 experts need hidden and inter multiples of 128");
+    if (p.inter_shared > 0) throw std::invalid_argument("weave launch: FP8 experts are built without a shared expert");
+    if (p.dispatch_bulk != 0) throw std::invalid_argument("weave launch: FP8 experts dispatch by threads, not bulk copies");
+    if (p.x_scale == nullptr || p.w13_scale == nullptr || p.w2_scale == nullptr || p.h_scale == nullptr ||
+        p.off_recv_xs <= 0)
+      throw std::invalid_argument("weave launch: FP8 experts need x_scale, w13_scale, w2_scale, h_scale, off_recv_xs");
+  }
 }
 
 void launch_check(int err) {
@@ -165,7 +182,7 @@ class Launcher {
   void launch(uint64_t x, uint64_t topk_ids, uint64_t topk_weights, uint64_t w13, uint64_t w2, uint64_t y,
               int32_t num_tokens, int32_t policy, int32_t num_comm_ctas, int32_t steal, uint64_t timeline,
               uint64_t w13s, uint64_t w2s, uint64_t shared_scale, int32_t inter_shared, int32_t shared_first,
-              uint64_t stream) {
+              uint64_t x_scale, uint64_t w13_scale, uint64_t w2_scale, uint64_t stream) {
     weave::Params& p = p_;
     p.x = as_ptr<const void>(x);
     p.topk_ids = as_ptr<const int32_t>(topk_ids);
@@ -183,6 +200,9 @@ class Launcher {
     p.shared_scale = as_ptr<const float>(shared_scale);
     p.inter_shared = inter_shared;
     p.shared_first = shared_first;
+    p.x_scale = as_ptr<const float>(x_scale);
+    p.w13_scale = as_ptr<const float>(w13_scale);
+    p.w2_scale = as_ptr<const float>(w2_scale);
     check_params(p);
     const bool routed = p.w13 != maps_w13_ || p.w2 != maps_w2_;
     const bool shared = inter_shared > 0 && (p.w13s != maps_w13s_ || p.w2s != maps_w2s_ || inter_shared != maps_is_);
@@ -193,7 +213,7 @@ class Launcher {
       if (routed) maps_w13_ = p.w13, maps_w2_ = p.w2;
       if (shared) maps_w13s_ = p.w13s, maps_w2s_ = p.w2s, maps_is_ = inter_shared;
     }
-    const int inst = inter_shared > 0 ? 1 : 0;
+    const int inst = weave_moe_instance(&p);
     launch_check(weave_moe_launch_encoded(&p, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), cooperative_,
                                           attr_set_[inst] ? 0 : 1));
     attr_set_[inst] = true;
@@ -209,7 +229,7 @@ class Launcher {
   const void* maps_w13s_ = nullptr;
   const void* maps_w2s_ = nullptr;
   int32_t maps_is_ = 0;
-  bool attr_set_[2] = {false, false};
+  bool attr_set_[3] = {false, false, false};  // per kernel instantiation (launch.cu)
 };
 
 py::dict timeline_layout() {

@@ -52,6 +52,7 @@ __device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a) {
 // The calibration GEMM's tiles for run_tiles (pipeline.cuh): C[e] = A[e] B[e]^T per expert, expert-major, column
 // block, then row block (the megakernel's order), claimed from chunk ch's ticket; stored to C instead of pushed.
 struct CalibTiles {
+  static constexpr bool kF8 = false;  // bf16 tiles (pipeline.cuh)
   const CalibGemmArgs& a;
   uint32_t* ticket;
   int rb0, nrb, per_expert, total;

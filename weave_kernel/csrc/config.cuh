@@ -35,11 +35,15 @@ struct Config {
   static constexpr int kStagingRow = kStageCols * 2 + 16;      // bytes per staged row (padded: wgmma.cuh), in the
   static constexpr int kSmemStaging = kBlockM * kStagingRow;   // tile's last operand stage (pipeline.cuh)
   static constexpr int kSmemSlotOffset = kSmemPipe;            // TileSlot[kSlots], then PipeState
-  static constexpr int kSmemCtrlBytes = 1536;                  // slots + pipeline state (pipeline.cuh checks)
+  static constexpr int kSmemCtrlBytes = 3584;                  // slots + pipeline state (pipeline.cuh checks; the
+                                                               // FP8 tiles' per-stage scales are 2 KB of it)
   static constexpr int kSmemDynamic = kSmemSlotOffset + kSmemCtrlBytes + 1024;  // + slack to align the base
   static constexpr int kBoxRows = 128;                         // weight rows per TMA box (two boxes per B stage)
   static constexpr int kCopyUnroll = 4;                        // 16-byte loads in flight per thread
   static constexpr int kAChunks = kBlockM * kBlockK / 8 / kProducerThreads;  // A chunks per producer thread
+  // FP8 experts (weave_kernel/fp8.py): e4m3's largest value, and the smallest scale (an all-zero block's)
+  static constexpr float kFp8Max = 448.f;
+  static constexpr float kFp8ScaleFloor = 0x1p-40f;
 
   static_assert(kProducerThreads + kConsumerThreads == kThreads, "producer + consumer warpgroups = the CTA");
   static_assert(kConsumerThreads == 2 * 128 && kBlockM == 2 * 64, "two consumer warpgroups x m64 rows");

@@ -11,24 +11,31 @@ constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 // cooperative != 0: a cooperative launch (the driver checks that the whole grid is co-resident). 0: a plain launch,
 // for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
 // cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
-// The kernel instantiation: with the shared expert's code only when the call has one (megakernel.cuh).
-static const void* kernel_for(bool shared) {
+// The kernel instantiation: with the shared expert's code only when the call has one, FP8 experts' tiles only
+// for FP8 layers (which have no shared expert: binding.cpp refuses it) (megakernel.cuh).
+constexpr int kInstances = 3;
+static const void* kernel_for(bool shared, bool fp8) {
+  if (fp8) return reinterpret_cast<const void*>(&weave::weave_moe_kernel<false, true>);
   return shared ? reinterpret_cast<const void*>(&weave::weave_moe_kernel<true>)
                 : reinterpret_cast<const void*>(&weave::weave_moe_kernel<false>);
 }
+static int instance_of(const weave::Params& p) { return p.fp8 ? 2 : p.inter_shared > 0 ? 1 : 0; }
+extern "C" int weave_moe_instance(const weave::Params* p) { return instance_of(*p); }
 
 // The TMA maps of the routed experts' weights (routed != 0: w13 [El][2I][H] as [2 El][I][H], z = 2 le + half;
 // w2 [El][H][I]) and of the shared expert's (shared != 0: w13s [2 Is][H] as [2][Is][H], w2s [H][Is] as [1][H][Is]),
 // written into *params. 0 or a cudaError_t code.
+// FP8 weights (p->fp8): e4m3 bytes mapped as bf16 rows of K / 2, so a box of 64 "bf16" carries 128 of K.
 extern "C" int weave_moe_encode_maps(weave::Params* p, int routed, int shared) {
-  const uint64_t H = p->hidden, I = p->inter, El = p->num_local_experts;
+  const uint64_t div = p->fp8 ? 2 : 1;
+  const uint64_t H = p->hidden / div, I = p->inter / div, El = p->num_local_experts;
   int rc = 0;
   if (routed) {
-    rc = weave::encode_weight_map(&p->tmap_w13, p->w13, H, I, 2 * El);
-    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2, p->w2, I, H, El);
+    rc = weave::encode_weight_map(&p->tmap_w13, p->w13, H, p->inter, 2 * El);
+    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2, p->w2, I, p->hidden, El);
   }
   if (rc == 0 && shared && p->inter_shared > 0) {
-    const uint64_t Is = p->inter_shared;
+    const uint64_t Is = p->inter_shared;  // (bf16 only)
     rc = weave::encode_weight_map(&p->tmap_w13s, p->w13s, H, Is, 2);
     if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2s, p->w2s, Is, H, 1);
   }
@@ -38,7 +45,7 @@ extern "C" int weave_moe_encode_maps(weave::Params* p, int routed, int shared) {
 // Launches with the maps already in *params; set_smem_attr: raise the instantiation's dynamic shared memory limit
 // first (needed once per instantiation and device).
 extern "C" int weave_moe_launch_encoded(const weave::Params* params, void* stream, int cooperative, int set_smem_attr) {
-  const void* fn = kernel_for(params->inter_shared > 0);
+  const void* fn = kernel_for(params->inter_shared > 0, params->fp8 != 0);
   cudaError_t err = cudaSuccess;
   if (set_smem_attr) {
     err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic);
@@ -70,11 +77,11 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
 }
 
 // CTAs that can be co-resident on `device` (the cooperative-launch limit): SM count if one fits per SM.
-// (both instantiations must fit: the smaller count)
+// (every instantiation must fit: the smallest count)
 extern "C" int weave_moe_max_ctas(int device) {
   int per_sm = 1 << 30, sms = 0;
-  for (const bool shared : {false, true}) {
-    const void* fn = kernel_for(shared);
+  for (int inst = 0; inst < kInstances; ++inst) {
+    const void* fn = kernel_for(inst == 1, inst == 2);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) !=
         cudaSuccess)
       return -1;

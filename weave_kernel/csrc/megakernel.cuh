@@ -168,7 +168,7 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
 //     same ticket, so no tile runs twice; `role` only labels the timeline records.
 //   sequential: GEMM0 of every block, grid barrier, GEMM1 of every block (expert-major tickets).
 // lag_comm: the comm CTA count the GEMM1 lag L assumes; the same on every CTA (the tickets' order depends on it).
-template <bool kShared>
+template <bool kShared, bool kF8>
 __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, uint8_t* smem, const LayoutView& lv,
                                             int lag_comm, uint16_t role) {
   const bool seq = p.policy == kPolicySequential;
@@ -192,7 +192,7 @@ __device__ __forceinline__ bool gemm_phases(const Params& p, SharedLayout& s, ui
                  (i >= L ? n1 * slot_num_blocks(p, on, lv, i - L) : 0);
         },
         s.tk, s.scan_tmp);  // ends with __syncthreads
-    MoeTiles<kShared> tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
+    MoeTiles<kShared, kF8> tiles{p, s, lv, role, p.sched + par * 4 + ph, num_seg, L, with_g0, !seq};
     if (!run_tiles(p, smem, tiles)) return false;  // starts and ends with __syncthreads
     if (seq && ph == 0 && !grid_barrier(p, 3)) return false;
   }
@@ -245,7 +245,9 @@ __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout
   return true;
 }
 
-template <bool kShared>  // built twice: with the shared expert's code (p.inter_shared > 0) and without it (tasks.cuh)
+// Built three times: bf16 with the shared expert's code (p.inter_shared > 0) and without it (tasks.cuh), and FP8
+// experts without it (kF8: p.fp8 = 1; its tiles in pipeline.cuh / tasks.cuh).
+template <bool kShared, bool kF8 = false>
 __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // SW128 tiles need 1024-byte aligned bases whatever the static shared memory before them
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __
     // stealing every CTA computes after its dispatch); static:C / weave:C: C
     const int lag_comm = p.policy == kPolicyWeave && p.num_comm_ctas <= 0 ? 1 : C;
     if (ok && (!comm || (p.policy == kPolicyWeave && p.steal)))
-      ok = gemm_phases<kShared>(p, s, smem, lv, lag_comm, comm ? kRoleComm : kRoleCompute);
+      ok = gemm_phases<kShared, kF8>(p, s, smem, lv, lag_comm, comm ? kRoleComm : kRoleCompute);
     if (ok && seq) ok = sequential_combine(p, s, smem, lv);
     if (ok) ok = reduce_phase<kShared>(p, s, comm ? kRoleComm : kRoleCompute);
   }

@@ -82,7 +82,7 @@ constexpr int32_t kMaxDispatchIssuers = 12;
 // ---- everything one launch needs (passed by value as the kernel argument) ------------------------------
 struct Params {
   // inputs and output on this rank
-  const void* x;                 // [num_tokens, hidden] bf16
+  const void* x;                 // [num_tokens, hidden] bf16 (fp8: e4m3)
   const int32_t* topk_ids;       // [num_tokens, top_k] global expert ids
   const float* topk_weights;     // [num_tokens, top_k]
   const void* w13;               // [num_local_experts, 2*inter, hidden] bf16: rows [0,I) gate, [I,2I) up
@@ -141,6 +141,16 @@ struct Params {
   int32_t shared_first;          // 1: its tiles take the tickets before the routed experts' (they fill the wait for
                                  // dispatched rows); 0: after them (they fill the wait for combine rows)
   int32_t max_shared_blocks;     // ceil(max_tokens / kBlockM)
+  // FP8 experts (fp8 = 1; weave_kernel/fp8.py defines the formats): x, the received rows and h hold e4m3 with one
+  // fp32 scale per (row, 128 columns), w13 / w2 e4m3 with one fp32 scale per 128 x 128 block (DeepSeek-V3's
+  // weight_scale_inv); value = e4m3 x scale. Combine rows, y and everything else stay bf16. hidden and inter are
+  // multiples of 128; no shared expert, no bulk dispatch (the launcher refuses them).
+  int32_t fp8;
+  const float* x_scale;          // [num_tokens, hidden / 128]
+  const float* w13_scale;        // [num_local_experts, 2 * inter / 128, hidden / 128]
+  const float* w2_scale;         // [num_local_experts, hidden / 128, inter / 128]
+  int64_t off_recv_xs;           // f32 [recv_cap_rows, hidden / 128]: the received rows' scales (symmetric buffer)
+  float* h_scale;                // [recv_cap_rows, inter / 128]
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
   TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)
   TensorMapBytes tmap_w2;        // w2 as [num_local_experts][hidden][inter]

@@ -62,6 +62,10 @@ struct PipeState {
   uint64_t empty[Config::kStages];      // one arrival per consumer warpgroup
   uint64_t slot_full[Config::kSlots];   // the producer published the slot
   uint64_t slot_empty[Config::kSlots];  // the consumers are done with it
+  // FP8 tiles: each stage's scales, copied by the producers with the stage (cp.async, counted on its full barrier):
+  // A row m's for the stage's k step, and the two 128-column halves' of B
+  float a_scale[Config::kStages][Config::kBlockM];
+  float b_scale[Config::kStages][2];
   uint32_t it;                          // k-steps through the ring so far (all calls of this launch)
   uint32_t tiles;                       // descriptors through the slots so far
   int prod_kind, cons_kind;             // per-tile decisions, broadcast inside a role
@@ -185,6 +189,16 @@ __device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Ti
     const void* b_map;
     int by[2], bz[2];
     T.b_boxes(d, &b_map, by, bz);
+    // FP8: producer thread pt copies row pt's scale (a padding row: row 0's, any positive value; its A is zeros),
+    // thread 0 also the weights' two
+    const float* a_sc = nullptr;
+    const float* b_sc[2] = {nullptr, nullptr};
+    if constexpr (Tiles::kF8) {
+      static_assert(Config::kProducerThreads == Config::kBlockM, "one producer thread per row's scale");
+      a_sc = T.a_scales(d, *ts, pt < nrows ? pt : 0);
+      b_sc[0] = T.b_scales(d, 0);
+      b_sc[1] = T.b_scales(d, 1);
+    }
     for (int k = 0; k < d.num_k; ++k, ++it) {
       const int st = static_cast<int>(it % Config::kStages);
       const uint32_t use = it / Config::kStages;
@@ -194,6 +208,10 @@ __device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Ti
       for (int i = 0; i < Config::kAChunks; ++i) {
         const int c = pt + Config::kProducerThreads * i, m = c >> 3, chunk = c & 7;
         cp_async_16(sa + swz(m, chunk), a_row[i] + k * Config::kBlockK + chunk * 8, m < nrows);
+      }
+      if constexpr (Tiles::kF8) {
+        cp_async_4(smem_u32(&ps->a_scale[st][pt]), a_sc + k);
+        if (pt < 2) cp_async_4(smem_u32(&ps->b_scale[st][pt]), b_sc[pt] + k);
       }
       mbar_arrive_cp_async(&ps->full[st]);
       if (pt == 0) {
@@ -242,18 +260,50 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
     TileAcc acc;
 #pragma unroll
     for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
-    for (int k = 0; k < num_k; ++k, ++it) {
-      const int st = static_cast<int>(it % Config::kStages);
-      if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
-      fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
-      const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
-      const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-      mma_stage(acc, sa, sb);
-      wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
-      if (k > 0) release(it - 1);
+    if constexpr (Tiles::kF8) {
+      // FP8: 128 of K per step, block scales by rescaling the accumulators (wgmma.cuh scale_acc), so each step
+      // waits for the previous one's MMAs (the other warpgroup's run meanwhile). q: the accumulators' units.
+      // The stage's scales come with it (the producers' cp.async, counted on the full barrier).
+      const int m0 = acc_row(0);
+      float q[4] = {1.f, 1.f, 1.f, 1.f};
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int st = static_cast<int>(it % Config::kStages);
+        if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+        fence_proxy_async_smem();
+        float f[4];
+        {
+          const float a0 = ps->a_scale[st][m0], a1 = ps->a_scale[st][m0 + 8];
+          const float b0 = ps->b_scale[st][0], b1 = ps->b_scale[st][1];
+          const float nq[4] = {a0 * b0, a1 * b0, a0 * b1, a1 * b1};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            f[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: its branch would serialise the wgmmas
+            q[j] = nq[j];
+          }
+        }
+        const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
+        const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
+        scale_acc(acc, f);
+        mma_stage_e4m3(acc, sa, sb);
+        wgmma_wait<0>();
+        if (k > 0) release(it - 1);
+      }
+      fence_acc(acc);
+      scale_acc(acc, q);  // into the product's own units
+    } else {
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int st = static_cast<int>(it % Config::kStages);
+        if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+        fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
+        const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
+        const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
+        mma_stage(acc, sa, sb);
+        wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
+        if (k > 0) release(it - 1);
+      }
+      wgmma_wait<0>();
+      fence_acc(acc);
     }
-    wgmma_wait<0>();
-    fence_acc(acc);
     // The tile's last stage stays with the consumers: once both warpgroups' MMAs are done with it, the epilogue
     // stages the outputs there, while the producer fills the other stages with the next tile; then it goes back.
     uint8_t* staging = pipe_stage(smem, static_cast<int>((it - 1) % Config::kStages));

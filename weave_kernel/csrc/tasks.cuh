@@ -86,13 +86,19 @@ __device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s,
   __syncthreads();
   const int4* x = reinterpret_cast<const int4*>(p.x);
   int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
-  const int row_chunks = H / 8;
+  const int row_chunks = p.fp8 ? H / 16 : H / 8;  // e4m3 rows: H bytes (and their scales, below)
   auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
   auto dst_row = [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; };
   if (p.dispatch_bulk) {
     if (!bulk_copy_rows_cta(p, s.ring, smem, b.num_rows, H * 2, src_row, dst_row)) return false;  // ends with a barrier
   } else {
     copy_rows(b.num_rows, row_chunks, src_row, dst_row);
+    if (p.fp8) {  // the rows' scales, H / 128 floats each (bulk dispatch is refused with FP8)
+      const int ns = H / 128;
+      float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * ns;
+      for (int i = threadIdx.x; i < b.num_rows * ns; i += Config::kThreads)
+        rs[i] = __ldg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * ns + i % ns);
+    }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
@@ -187,8 +193,10 @@ __device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
 // with_g0) and then the GEMM1 tiles of slot i - L (if i >= L); within a segment column block, then row block,
 // so consecutive tiles share a weight tile. static / weave: both kinds in one pass (gemm_phases picks L);
 // sequential: a GEMM0-only pass (L = Ev), then a GEMM1-only pass (with_g0 = false, L = 0).
-template <bool kShared>
+template <bool kShared, bool F8 = false>
 struct MoeTiles {
+  static constexpr bool kF8 = F8;  // FP8 experts (pipeline.cuh's consumer loop, the epilogues below)
+  static_assert(!(kShared && F8), "FP8 experts are built without the shared expert");
   const Params& p;
   SharedLayout& s;
   const LayoutView& lv;
@@ -198,6 +206,8 @@ struct MoeTiles {
   bool with_g0;        // segments start with their expert's GEMM0 tiles
   bool push;           // GEMM1 epilogue: into the source's combine slot (else in place over the receive row)
 
+  // k steps over K: 64 bf16 or 128 e4m3 (one 128-byte smem row either way)
+  static __device__ __forceinline__ int k_steps(int K) { return K / (F8 ? 2 * Config::kBlockK : Config::kBlockK); }
   // producer thread 0: the next tile and its inputs ready; false on an error
   __device__ __forceinline__ bool next(TileDesc& d) {
     const bool on = shared_on<kShared>(p);
@@ -219,10 +229,10 @@ struct MoeTiles {
       const int i = off % nblk;
       d.b = shared_block(p, i);
       if (g0) {
-        d.num_k = p.hidden / Config::kBlockK;
+        d.num_k = k_steps(p.hidden);
         return true;
       }
-      d.num_k = p.inter_shared / Config::kBlockK;
+      d.num_k = k_steps(p.inter_shared);
       const uint32_t* done0 = p.g0s_done + (s.epoch & 1) * p.max_shared_blocks + i;
       const uint32_t n0s = static_cast<uint32_t>(slot_gemm0_cols(p, on, v));
       return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= n0s; }, kErrTimeoutSharedGemm0, i, d.col);
@@ -231,10 +241,10 @@ struct MoeTiles {
     d.b = lv.compute_block(lv.expert_first_block(le) + off % nblk);
     const int rb = d.b.row0 / Config::kBlockM;
     if (g0) {
-      d.num_k = p.hidden / Config::kBlockK;
+      d.num_k = k_steps(p.hidden);
       return block_rows_ready(p, lv, d.b);
     }
-    d.num_k = p.inter / Config::kBlockK;
+    d.num_k = k_steps(p.inter);
     const int n0 = ceil_div(p.inter, Config::kHalfN);
     const uint32_t* done0 = p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb;
     return spin_until(p, [&] { return ld_acquire_gpu_u32(done0) >= static_cast<uint32_t>(n0); }, kErrTimeoutGemm0, rb,
@@ -249,11 +259,31 @@ struct MoeTiles {
     if (kShared && d.b.le == kSharedLe)
       return d.kind == kTileGemm1 ? reinterpret_cast<const bf16*>(p.hs) + r * p.inter_shared
                                   : reinterpret_cast<const bf16*>(p.x) + r * p.hidden;
-    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + r * p.inter;
+    // (FP8 rows are K bytes: K / 2 in the bf16 units the producer steps in)
+    const int64_t H = F8 ? p.hidden / 2 : p.hidden, I = F8 ? p.inter / 2 : p.inter;
+    if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + r * I;
     // own rows: gathered from x; others: received rows
     return ts.psrc[m] == p.rank
-               ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * p.hidden
-               : sym<const bf16>(p, p.rank, p.off_recv_x) + r * p.hidden;
+               ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * H
+               : sym<const bf16>(p, p.rank, p.off_recv_x) + r * H;
+  }
+  // FP8 (consumers): the scales of row m's 128-column blocks of A (one per k step), the same rows a_row reads
+  __device__ __forceinline__ const float* a_scales(const TileDesc& d, const TileSlot& ts, int m) const {
+    const int64_t r = d.b.row0 + m;
+    if (d.kind == kTileGemm1) return p.h_scale + r * (p.inter / 128);
+    const int ns = p.hidden / 128;
+    return ts.psrc[m] == p.rank ? p.x_scale + static_cast<int64_t>(ts.pair[m] / p.top_k) * ns
+                                : sym<const float>(p, p.rank, p.off_recv_xs) + r * ns;
+  }
+  // FP8: the weight scales of the tile's 128-column half (one per k step): GEMM0 half 0 the gate rows of h columns
+  // [col * kHalfN, +kHalfN), half 1 the same up rows; GEMM1 W2's rows [col * kBlockN + 128 half, +128) (past H, a
+  // zero box: any scale, the last block's)
+  __device__ __forceinline__ const float* b_scales(const TileDesc& d, int half) const {
+    const int le = d.b.le, nh = p.hidden / 128, ni = p.inter / 128;
+    if (d.kind == kTileGemm0)
+      return p.w13_scale + (static_cast<int64_t>(le) * 2 * ni + half * ni + d.col) * nh;
+    const int rb = min(2 * d.col + half, nh - 1);
+    return p.w2_scale + (static_cast<int64_t>(le) * nh + rb) * ni;
   }
   // GEMM0: box 0 = the gate rows of h columns [col * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh; rows
   // past I arrive as zeros and their h columns are not stored); GEMM1: two 128-row halves of W2's column block
@@ -280,6 +310,16 @@ struct MoeTiles {
     if (d.kind == kTileGemm0) {
       const int I = sh ? p.inter_shared : p.inter;
       const int c0 = d.col * Config::kHalfN;
+      if constexpr (F8) {  // h in e4m3, one scale per (row, tile); the tile's 128 columns are one scale block
+        uint8_t* h8 = reinterpret_cast<uint8_t*>(p.h) + c0;
+        stage_swiglu_e4m3(acc, staging, p.h_scale + static_cast<int64_t>(row0) * (I / 128) + d.col, I / 128,
+                          d.b.num_rows);
+        named_sync(kBarConsumers, Config::kConsumerThreads);
+        store_staged(staging, d.b.num_rows, Config::kHalfN / 2,  // 128 bytes = 64 "bf16" per row
+                     [&](int m) { return reinterpret_cast<bf16*>(h8 + static_cast<int64_t>(row0 + m) * I); });
+        named_sync(kBarConsumers, Config::kConsumerThreads);
+        return;
+      }
       bf16* h = reinterpret_cast<bf16*>(sh ? p.hs : p.h) + c0;
       TileOut out;
       pack_swiglu(acc, out);

@@ -12,6 +12,8 @@
 #pragma once
 #include <cstdint>
 
+#include <cuda_fp8.h>
+
 #include "config.cuh"
 #include "gemm_common.cuh"
 
@@ -56,6 +58,40 @@ __device__ __forceinline__ void mma_stage(TileAcc& acc, uint32_t sa, uint32_t sb
   for (int kk = 0; kk < Config::kBlockK / 16; ++kk)
     wgmma_m64n256k16(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32), 1);
   wgmma_commit();
+}
+
+// wgmma m64n256k32, e4m3 x e4m3 -> fp32, accumulating (FP8 experts). Both operands K-major from SW128 smem (FP8
+// takes no transpose bits); a 128-byte smem row holds 128 of K, so a stage is 4 of these.
+__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// One FP8 k step (128 of K) of a consumer warpgroup, the stage layout of mma_stage.
+__device__ __forceinline__ void mma_stage_e4m3(TileAcc& acc, uint32_t sa, uint32_t sb) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k32_e4m3(acc.d, wgmma_desc_sw128(sa + kk * 32), wgmma_desc_sw128(sb + kk * 32));
+  wgmma_commit();
+}
+
+// FP8 block scales without a second accumulator set: the accumulators are kept in units of the current k step's
+// scale a(row, k) * b(column half, k). Before step k's MMAs they are multiplied by (previous scale / this one); the
+// epilogue multiplies by the last step's. f[2 * half + (row + 8)] are the four factors of a thread (its two rows
+// and the tile's two 128-column halves). The empty asm pins each product before the wgmma.fence that follows: a
+// multiply scheduled after the fence makes ptxas insert its own and serialise every wgmma
+// (tests/kernel/tile_limits.cu modes 17 and 18; docs/kernel.md "FP8 experts").
+__device__ __forceinline__ void scale_acc(TileAcc& acc, const float* f) {
+#pragma unroll
+  for (int i = 0; i < Config::kBlockN / 2; ++i) {
+    acc.d[i] *= f[2 * (i / 64) + ((i & 3) >> 1)];
+    asm volatile("" : "+f"(acc.d[i])::"memory");
+  }
 }
 
 // Pin the accumulators after wgmma_wait: the compiler sees them as outputs of the wgmma asm only, and could
@@ -121,6 +157,41 @@ __device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging
 #pragma unroll
   for (int j = kFirst; j < kFirst + kPairs; ++j)  // pair j: row + 8 (j & 1), column 8 (j / 2) (acc_row / acc_col)
     *reinterpret_cast<uint32_t*>(base + (j & 1) * 8 * Config::kStagingRow + ((j - kFirst) >> 1) * 16) = out.v[j];
+}
+
+// FP8 GEMM0 epilogue: SwiGLU of the thread's 32 gate / up pairs (already in the product's units), then e4m3 with one
+// scale per row of the tile's 128 h columns (fp8.py quantize_act: s = max(amax x fp32(1 / 448), floor), q = x / s
+// saturated; here x times 1 / s to 2 ulp, which moves a value across an e4m3 rounding boundary only within a few
+// fp32 ulp of it). The four threads of a quad hold a row's columns: their amax is
+// reduced by shuffles. Bytes go to the staging rows (byte column = h column), scales to scale[m * stride] for the
+// tile rows m < num_rows. A NaN input stays NaN (fmaxf skips it in the amax; the conversion keeps it).
+__device__ __forceinline__ void stage_swiglu_e4m3(const TileAcc& acc, uint8_t* staging, float* scale, int stride,
+                                                  int num_rows) {
+  constexpr int kUp = Config::kBlockN / 4;  // accumulator offset of the up half
+  float h[kUp];
+  float amax[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < kUp; ++r) {  // accumulator r: row + 8 ((r & 3) >> 1)
+    h[r] = silu(acc.d[r]) * acc.d[r + kUp];
+    amax[(r & 3) >> 1] = fmaxf(amax[(r & 3) >> 1], fabsf(h[r]));
+  }
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
+    const float s = fmaxf(amax[i] * (1.f / Config::kFp8Max), Config::kFp8ScaleFloor);
+    inv[i] = __fdividef(1.f, s);  // (IEEE division or reciprocal: a slow-path call, and spills around it)
+    const int m = acc_row(0) + 8 * i;
+    if ((threadIdx.x & 3) == 0 && m < num_rows) scale[static_cast<int64_t>(m) * stride] = s;
+  }
+  uint8_t* base = staging + acc_row(0) * Config::kStagingRow + ((threadIdx.x & 3) << 1);
+#pragma unroll
+  for (int j = 0; j < kUp / 2; ++j) {  // pair j: accumulators 2j, 2j + 1: row + 8 (j & 1), columns 8 (j / 2) + 0, 1
+    const float2 v = make_float2(h[2 * j] * inv[j & 1], h[2 * j + 1] * inv[j & 1]);
+    const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(base + (j & 1) * 8 * Config::kStagingRow + (j >> 1) * 8) = q;
+  }
 }
 
 }  // namespace weave
