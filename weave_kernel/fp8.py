@@ -22,6 +22,13 @@ SCALE_FLOOR = 2.0 ** -40
 FP8 = torch.float8_e4m3fn
 
 
+def _scale(amax: torch.Tensor) -> torch.Tensor:
+    """s = max(amax / 448, 2**-40), an IEEE float32 division on every device. (Dividing by the Python number 448
+    would not be one on CUDA: torch multiplies by the rounded reciprocal of a scalar divisor there, which the kernel's
+    own quantization of x would then have to copy.)"""
+    return (amax / torch.full_like(amax, E4M3_MAX)).clamp_min(SCALE_FLOOR)
+
+
 def _check_finite(t: torch.Tensor, name: str) -> None:
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} has non-finite values")
@@ -38,7 +45,7 @@ def _quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lead = x.shape[:-1]
     xb = x.float().reshape(*lead, k // BLOCK, BLOCK)
     amax = xb.abs().amax(dim=-1)
-    s = (amax / E4M3_MAX).clamp_min(SCALE_FLOOR)
+    s = _scale(amax)
     q = (xb / s.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
     return q.reshape(x.shape).contiguous(), s.contiguous()
 
@@ -85,7 +92,7 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     *lead, n, k = w.shape
     wb = w.float().reshape(*lead, n // BLOCK, BLOCK, k // BLOCK, BLOCK)
     amax = wb.abs().amax(dim=(-3, -1))
-    s = (amax / E4M3_MAX).clamp_min(SCALE_FLOOR)
+    s = _scale(amax)
     q = (wb / s[..., :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
     return q.reshape(w.shape).contiguous(), s.contiguous()
 

@@ -12,8 +12,8 @@ x [N, H] bf16, topk_ids [N, k] int32/int64 global ids, topk_weights [N, k] fp32,
 w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_experts(rank)); y [N, H] bf16.
 
 FP8 experts (`expert_dtype="fp8"`, weave_kernel/fp8.py): w13 and w2 are pairs (e4m3 weights, fp32 scales per 128 x 128
-block), e.g. from `fp8.quantize_experts`; x stays bf16 and is quantized per (row, 128 columns) before the launch; the
-kernel dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. Not with a shared
+block), e.g. from `fp8.quantize_experts`; x stays bf16, and the kernel quantizes it per (row, 128 columns) as
+fp8.quantize_act does, dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. Not with a shared
 expert or bulk dispatch (docs/kernel.md, "FP8 experts in the layer").
 
 A shared expert (always on, this rank's own tokens; no dispatch, no combine) is computed inside the same launch when
@@ -34,7 +34,6 @@ from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_i
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
-from .fp8 import quantize_act_into
 from .validate import check_layer_inputs, check_shared_scale, check_shared_weights, full_device
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
@@ -59,6 +58,12 @@ ERROR_TEXT = {
 ERR_RECV_OVERFLOW = 2  # kErrRecvOverflow (csrc/params.h)
 EXPERT_DTYPES = ("bf16", "fp8")
 FP8_BLOCK = 128              # fp8.BLOCK: columns per activation scale, rows and columns per weight scale
+
+
+def fp8_scale_stride(k: int) -> int:
+    """Floats per row of the kernel's activation-scale arrays over k columns: k / 128 padded to whole 128-byte lines
+    (csrc/params.h fp8_scale_stride)."""
+    return (k // FP8_BLOCK + 31) // 32 * 32
 
 
 def check_expert_dtype(expert_dtype) -> str:
@@ -159,7 +164,7 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
         ("recv_meta", 4 * rows),
         ("comb", 2 * max_tokens * top_k * hidden),
         ("recv_x", 2 * rows * hidden),
-        ("recv_xs", 4 * rows * (hidden // FP8_BLOCK) if fp8 else 0),
+        ("recv_xs", 4 * rows * fp8_scale_stride(hidden) if fp8 else 0),
     ):
         layout[name] = off
         off = _align(off + nbytes)
@@ -191,8 +196,8 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
              + 4 * num_experts * 2                    # expert_owner, owner_experts
              + 8 * world)                             # peer_base
     if fp8:
-        other += max_tokens * hidden + 4 * max_tokens * (hidden // FP8_BLOCK)  # x in e4m3, its scales
-    h_bytes = (plan.recv_cap_rows * inter + 4 * plan.recv_cap_rows * (inter // FP8_BLOCK) if fp8
+        other += max_tokens * hidden + 4 * max_tokens * fp8_scale_stride(hidden)  # x in e4m3, its scales
+    h_bytes = (plan.recv_cap_rows * inter + 4 * plan.recv_cap_rows * fp8_scale_stride(inter) if fp8
                else 2 * plan.recv_cap_rows * inter)
     parts = {"symmetric": plan.total_bytes,
              "h": h_bytes,
@@ -311,6 +316,8 @@ class MoEMegakernel:
         dispatch_issuers(dispatch)  # checked here, before anything is built
         self.dispatch = dispatch
         self.ext = ext if ext is not None else load_extension()
+        if self.fp8 and not getattr(self.ext, "fp8_experts", 0):
+            raise ValueError("expert_dtype='fp8' needs an extension built from sources with FP8 experts")
         max_ctas = self.ext.max_ctas(self.device.index)
         if max_ctas <= 0:
             raise RuntimeError("the megakernel does not fit one CTA per SM on this device")
@@ -338,11 +345,11 @@ class MoEMegakernel:
         self.pair_slot = torch.empty(max_tokens * top_k, **i32)
         self.sorted_pair = torch.empty(max_tokens * top_k, **i32)
         rows = self.plan.recv_cap_rows
-        if self.fp8:  # h in e4m3 with its scales; this rank's x quantized before each launch
+        if self.fp8:  # h in e4m3 with its scales; this rank's x as the kernel quantizes it (scale rows padded)
             self.h = torch.empty(rows * inter, dtype=torch.uint8, device=dev)
-            self.h_scale = torch.empty(rows * (inter // FP8_BLOCK), dtype=torch.float32, device=dev)
+            self.h_scale = torch.empty(rows * fp8_scale_stride(inter), dtype=torch.float32, device=dev)
             self.x_q = torch.empty(max_tokens * hidden, dtype=torch.uint8, device=dev)
-            self.x_s = torch.empty(max_tokens * (hidden // FP8_BLOCK), dtype=torch.float32, device=dev)
+            self.x_s = torch.empty(max_tokens * fp8_scale_stride(hidden), dtype=torch.float32, device=dev)
         else:
             self.h = torch.empty(rows * inter, dtype=torch.bfloat16, device=dev)
         self.g0_done = torch.zeros(2 * self.plan.max_row_blocks, **i32)
@@ -492,9 +499,8 @@ class MoEMegakernel:
             # an error word that unchecked calls or graph replays left is theirs, and never recoverable: read it first
             # (one more host sync), so that a ReceiveOverflow after this call is this call's own
             self.raise_if_error()
-        if self.fp8:  # this rank's rows in e4m3 with their scales (torch ops on the current stream, before the launch)
-            n, nb = x.shape[0], self.hidden // FP8_BLOCK
-            quantize_act_into(x, self.x_q[: n * self.hidden].view(n, self.hidden), self.x_s[: n * nb].view(n, nb))
+        if self.fp8 and x.data_ptr() % 16:
+            raise ValueError("FP8 experts read x in 16-byte pieces: x must be 16-byte aligned (x.clone() is)")
         # (kernels before the device counter: an epoch whose launch never happened must not count)
         self.epoch += 1
         try:
@@ -529,20 +535,32 @@ class MoEMegakernel:
             self._launcher_key = key
         sh = shared is not None
         xp, w13p, w2p, xs, w13s, w2s = self._operand_ptrs(x, w13, w2)
+        # (extensions from sources before FP8 experts, e.g. bench --ab-csrc's, take three arguments fewer)
+        f8 = (xs, w13s, w2s) if getattr(self.ext, "fp8_experts", 0) else ()
         self._launcher.launch(
             xp, ids.data_ptr(), tw.data_ptr(), w13p, w2p, y.data_ptr(), x.shape[0],
             pol.policy_id, pol.num_comm_ctas, int(pol.steal), self.timeline.data_ptr() if record_timeline else 0,
             shared[0].data_ptr() if sh else 0, shared[1].data_ptr() if sh else 0,
             shared_scale.data_ptr() if sh and shared_scale is not None else 0, self.shared_inter if sh else 0,
-            int(shared_order == "first"), xs, w13s, w2s, stream)
+            int(shared_order == "first"), *f8, stream)
 
     def _operand_ptrs(self, x, w13, w2) -> tuple[int, int, int, int, int, int]:
         """Addresses of (x, w13, w2, x_scale, w13_scale, w2_scale) as the kernel reads them: bf16 tensors and no
-        scales, or (FP8) the quantized x and the weight pairs' e4m3 tensors and scales."""
+        scales, or (FP8) the weight pairs' e4m3 tensors and scales, and the buffer the kernel quantizes x's scales
+        into."""
         if not self.fp8:
             return x.data_ptr(), w13.data_ptr(), w2.data_ptr(), 0, 0, 0
-        return (self.x_q.data_ptr(), w13[0].data_ptr(), w2[0].data_ptr(), self.x_s.data_ptr(), w13[1].data_ptr(),
+        return (x.data_ptr(), w13[0].data_ptr(), w2[0].data_ptr(), self.x_s.data_ptr(), w13[1].data_ptr(),
                 w2[1].data_ptr())
+
+    def quantized_x(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """FP8 layers: this rank's last n rows as the kernel quantized them, (e4m3 [n, H], scales fp32 [n, H / 128])
+        (views of the layer's buffers; tests compare them with fp8.quantize_act)."""
+        if not self.fp8:
+            raise ValueError("quantized_x is for layers built with expert_dtype='fp8'")
+        q = self.x_q[: n * self.hidden].view(n, self.hidden).view(torch.float8_e4m3fn)
+        st = fp8_scale_stride(self.hidden)
+        return q, self.x_s[: n * st].view(n, st)[:, : self.hidden // FP8_BLOCK]
 
     def _params(self, x, ids, tw, w13, w2, y, pol, record_timeline: bool, shared=None,
                 shared_order: str = "last", shared_scale=None) -> dict:
@@ -550,7 +568,7 @@ class MoEMegakernel:
         xp, w13p, w2p, xs, w13s_, w2s_ = self._operand_ptrs(x, w13, w2)
         fp8 = self.fp8
         return {
-            "fp8": int(fp8), "x_scale": xs, "w13_scale": w13s_, "w2_scale": w2s_,
+            "fp8": int(fp8), "x_q": self.x_q.data_ptr() if fp8 else 0, "x_scale": xs, "w13_scale": w13s_, "w2_scale": w2s_,
             "off_recv_xs": pl.off_recv_xs, "h_scale": self.h_scale.data_ptr() if fp8 else 0,
             "shared_scale": shared_scale.data_ptr() if shared is not None and shared_scale is not None else 0,
             "w13s": shared[0].data_ptr() if shared is not None else 0,

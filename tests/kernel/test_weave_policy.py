@@ -138,7 +138,7 @@ def test_launcher_gets_the_calls_values_in_the_order_its_signature_names_them():
             calls.append(args)
 
     layer = _fake_layer()
-    layer.ext = type("Ext", (), {"Launcher": _Launcher})()
+    layer.ext = type("Ext", (), {"Launcher": _Launcher, "fp8_experts": 1})()
     layer.symm, layer.device = torch.zeros(8, dtype=torch.uint8), torch.device("cpu")
     layer.shared_inter, layer._launcher, layer._launcher_key = 128, None, None
     x = torch.zeros(10, 256, dtype=torch.bfloat16)

@@ -99,7 +99,8 @@ weave::Params read_params(const py::dict& d, int* cooperative) {
   p.shared_first = get<int32_t>(d, "shared_first");
   p.max_shared_blocks = get<int32_t>(d, "max_shared_blocks");
   p.fp8 = get<int32_t>(d, "fp8");
-  p.x_scale = ptr<const float>(d, "x_scale");
+  p.x_q = ptr<void>(d, "x_q");
+  p.x_scale = ptr<float>(d, "x_scale");
   p.w13_scale = ptr<const float>(d, "w13_scale");
   p.w2_scale = ptr<const float>(d, "w2_scale");
   p.off_recv_xs = get<int64_t>(d, "off_recv_xs");
@@ -150,9 +151,11 @@ void check_params(const weave::Params& p) {
       throw std::invalid_argument("weave launch: FP8 experts need hidden and inter multiples of 128");
     if (p.inter_shared > 0) throw std::invalid_argument("weave launch: FP8 experts are built without a shared expert");
     if (p.dispatch_bulk != 0) throw std::invalid_argument("weave launch: FP8 experts dispatch by threads, not bulk copies");
-    if (p.x_scale == nullptr || p.w13_scale == nullptr || p.w2_scale == nullptr || p.h_scale == nullptr ||
-        p.off_recv_xs <= 0)
-      throw std::invalid_argument("weave launch: FP8 experts need x_scale, w13_scale, w2_scale, h_scale, off_recv_xs");
+    if (p.x_q == nullptr || p.x_scale == nullptr || p.w13_scale == nullptr || p.w2_scale == nullptr ||
+        p.h_scale == nullptr || p.off_recv_xs <= 0)
+      throw std::invalid_argument("weave launch: FP8 experts need x_q, x_scale, w13_scale, w2_scale, h_scale, off_recv_xs");
+    if (reinterpret_cast<uintptr_t>(p.x) % 16)
+      throw std::invalid_argument("weave launch: FP8 experts need x 16-byte aligned");
   }
 }
 
@@ -200,7 +203,7 @@ class Launcher {
     p.shared_scale = as_ptr<const float>(shared_scale);
     p.inter_shared = inter_shared;
     p.shared_first = shared_first;
-    p.x_scale = as_ptr<const float>(x_scale);
+    p.x_scale = as_ptr<float>(x_scale);
     p.w13_scale = as_ptr<const float>(w13_scale);
     p.w2_scale = as_ptr<const float>(w2_scale);
     check_params(p);
@@ -367,6 +370,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("cost_table_len") = weave::cost_table::kLen;
   m.attr("cost_table_version") = weave::cost_table::kVersion;
   m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);
+  m.attr("fp8_experts") = 1;  // Launcher.launch takes x_scale, w13_scale, w2_scale (builds before it: not)
   m.def("calib_push", &calib_push, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
   m.def("calib_gemm", &calib_gemm, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
   m.def("calib_claim", &calib_claim, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));

@@ -28,6 +28,35 @@
 
 namespace weave {
 
+// FP8 experts: this rank's rows into x_q / x_scale, as weave_kernel/fp8.py quantize_act does it, bit for bit: one
+// warp per (row, 128 columns), s = max(amax / 448, 2^-40), q = x / s (IEEE divisions), saturated to +-448 (NaN stays
+// NaN; the row's amax ignores it, where fp8.py's would be NaN). Before grid barrier 1, so every CTA's dispatch and
+// GEMM0 see all of it.
+__device__ __forceinline__ void quantize_x(const Params& p) {
+  const int nb = p.hidden / 128, st = fp8_scale_stride(p.hidden), lane = threadIdx.x & 31;
+  const int64_t units = static_cast<int64_t>(p.num_tokens) * nb;
+  const int64_t nw = static_cast<int64_t>(p.num_ctas) * Config::kWarps;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * Config::kWarps + threadIdx.x / 32; u < units; u += nw) {
+    const int64_t t = u / nb;
+    const int b = static_cast<int>(u % nb);
+    const int64_t off = t * p.hidden + b * 128 + lane * 4;
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.x) + off));
+    const float2 v01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 v23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    float amax = fmaxf(fmaxf(fabsf(v01.x), fabsf(v01.y)), fmaxf(fabsf(v23.x), fabsf(v23.y)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = fmaxf(__fdiv_rn(amax, Config::kFp8Max), Config::kFp8ScaleFloor);
+    const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fdiv_rn(v01.x, s), __fdiv_rn(v01.y, s)), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fdiv_rn(v23.x, s), __fdiv_rn(v23.y, s)), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(p.x_q) + off) =
+        static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+    if (lane == 0) p.x_scale[t * st + b] = s;
+  }
+}
+
 // Routing and count exchange. Leaves s.cnt, s.ebase and the layout filled in every CTA.
 __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) {
   const int E = p.num_experts, G = p.world, tid = threadIdx.x;
@@ -92,7 +121,8 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
       st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, s.epoch);
     }
   }
-  if (!grid_barrier(p, 1)) return false;  // sorted_pair complete before anyone dispatches
+  if (p.fp8) quantize_x(p);
+  if (!grid_barrier(p, 1)) return false;  // sorted_pair (and FP8's x_q) complete before anyone dispatches
 
   // weave: the CTAs that evaluate the choice. Its grid ends at the table's max_comm_sms, so under `weave` the
   // CTAs from min(max_comm_sms, num_ctas) on never dispatch: they skip the choice (about 9 us) and start their

@@ -79,6 +79,9 @@ static_assert(offsetof(TimelineRecord, arg0) == 24, "TimelineRecord layout chang
 // dispatch by bulk copies: at most one issuing warp per warp of the CTA (bulk_copy.cuh checks it against config.cuh)
 constexpr int32_t kMaxDispatchIssuers = 12;
 
+// FP8 experts: floats per row of a scale array over K columns (K / 128 scales, padded to whole 128-byte lines)
+constexpr int32_t fp8_scale_stride(int32_t k) { return (k / 128 + 31) / 32 * 32; }
+
 // ---- everything one launch needs (passed by value as the kernel argument) ------------------------------
 struct Params {
   // inputs and output on this rank
@@ -145,12 +148,16 @@ struct Params {
   // fp32 scale per (row, 128 columns), w13 / w2 e4m3 with one fp32 scale per 128 x 128 block (DeepSeek-V3's
   // weight_scale_inv); value = e4m3 x scale. Combine rows, y and everything else stay bf16. hidden and inter are
   // multiples of 128; no shared expert, no bulk dispatch (the launcher refuses them).
+  // A row's scales are padded to a multiple of 32 floats (fp8_scale_stride: a 128-byte cache line holds one row's
+  // only, so an SM's L1, which the producers' 4-byte cp.async fill, never keeps a line whose other rows were still
+  // being written). The kernel quantizes x itself (routing phase) into x_q / x_scale.
   int32_t fp8;
-  const float* x_scale;          // [num_tokens, hidden / 128]
+  void* x_q;                     // e4m3 [max_tokens, hidden]: x quantized by the kernel
+  float* x_scale;                // [max_tokens, fp8_scale_stride(hidden)]
   const float* w13_scale;        // [num_local_experts, 2 * inter / 128, hidden / 128]
   const float* w2_scale;         // [num_local_experts, hidden / 128, inter / 128]
-  int64_t off_recv_xs;           // f32 [recv_cap_rows, hidden / 128]: the received rows' scales (symmetric buffer)
-  float* h_scale;                // [recv_cap_rows, inter / 128]
+  int64_t off_recv_xs;           // f32 [recv_cap_rows, fp8_scale_stride(hidden)]: the received rows' scales (symmetric)
+  float* h_scale;                // [recv_cap_rows, fp8_scale_stride(inter)]
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
   TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)
   TensorMapBytes tmap_w2;        // w2 as [num_local_experts][hidden][inter]

@@ -84,7 +84,7 @@ __device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s,
     meta[b.row0 + threadIdx.x] = id;
   }
   __syncthreads();
-  const int4* x = reinterpret_cast<const int4*>(p.x);
+  const int4* x = reinterpret_cast<const int4*>(p.fp8 ? p.x_q : p.x);
   int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
   const int row_chunks = p.fp8 ? H / 16 : H / 8;  // e4m3 rows: H bytes (and their scales, below)
   auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
@@ -94,10 +94,10 @@ __device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s,
   } else {
     copy_rows(b.num_rows, row_chunks, src_row, dst_row);
     if (p.fp8) {  // the rows' scales, H / 128 floats each (bulk dispatch is refused with FP8)
-      const int ns = H / 128;
-      float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * ns;
+      const int ns = H / 128, st = fp8_scale_stride(H);
+      float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * st;
       for (int i = threadIdx.x; i < b.num_rows * ns; i += Config::kThreads)
-        rs[i] = __ldg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * ns + i % ns);
+        rs[(i / ns) * st + i % ns] = __ldcg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * st + i % ns);
     }
     __syncthreads();
   }
@@ -262,16 +262,16 @@ struct MoeTiles {
     // (FP8 rows are K bytes: K / 2 in the bf16 units the producer steps in)
     const int64_t H = F8 ? p.hidden / 2 : p.hidden, I = F8 ? p.inter / 2 : p.inter;
     if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + r * I;
-    // own rows: gathered from x; others: received rows
+    // own rows: gathered from x (FP8: the kernel's x_q); others: received rows
     return ts.psrc[m] == p.rank
-               ? reinterpret_cast<const bf16*>(p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * H
+               ? reinterpret_cast<const bf16*>(F8 ? p.x_q : p.x) + static_cast<int64_t>(ts.pair[m] / p.top_k) * H
                : sym<const bf16>(p, p.rank, p.off_recv_x) + r * H;
   }
   // FP8 (consumers): the scales of row m's 128-column blocks of A (one per k step), the same rows a_row reads
   __device__ __forceinline__ const float* a_scales(const TileDesc& d, const TileSlot& ts, int m) const {
     const int64_t r = d.b.row0 + m;
-    if (d.kind == kTileGemm1) return p.h_scale + r * (p.inter / 128);
-    const int ns = p.hidden / 128;
+    if (d.kind == kTileGemm1) return p.h_scale + r * fp8_scale_stride(p.inter);
+    const int ns = fp8_scale_stride(p.hidden);
     return ts.psrc[m] == p.rank ? p.x_scale + static_cast<int64_t>(ts.pair[m] / p.top_k) * ns
                                 : sym<const float>(p, p.rank, p.off_recv_xs) + r * ns;
   }
@@ -312,8 +312,8 @@ struct MoeTiles {
       const int c0 = d.col * Config::kHalfN;
       if constexpr (F8) {  // h in e4m3, one scale per (row, tile); the tile's 128 columns are one scale block
         uint8_t* h8 = reinterpret_cast<uint8_t*>(p.h) + c0;
-        stage_swiglu_e4m3(acc, staging, p.h_scale + static_cast<int64_t>(row0) * (I / 128) + d.col, I / 128,
-                          d.b.num_rows);
+        const int hs = fp8_scale_stride(I);
+        stage_swiglu_e4m3(acc, staging, p.h_scale + static_cast<int64_t>(row0) * hs + d.col, hs, d.b.num_rows);
         named_sync(kBarConsumers, Config::kConsumerThreads);
         store_staged(staging, d.b.num_rows, Config::kHalfN / 2,  // 128 bytes = 64 "bf16" per row
                      [&](int m) { return reinterpret_cast<bf16*>(h8 + static_cast<int64_t>(row0 + m) * I); });
