@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its combine, and shared_separate_ms times the megakernel without them followed by the same "
                          "dense FFN (off: routed experts only, as before)")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
+    ap.add_argument("--expert-dtype", choices=("bf16", "fp8"), default="bf16",
+                    help="the megakernel's experts: bf16, or fp8 (e4m3 with 128x128 block scales, weave_kernel/fp8.py; "
+                         "the reference then runs in bf16 on the dequantized weights, and the lower bound stays bf16's)")
     args = ap.parse_args(argv)
     if args.weave_nosteal and args.no_weave:
         ap.error("--weave-nosteal adds to the weave policies, which --no-weave leaves out")
@@ -208,10 +211,24 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     kw = dict(hidden=H, inter=I, num_experts=model.num_experts, top_k=model.top_k, placement=placement,
               max_tokens=max_tokens, cost_profile=args.cost_profile, num_ctas=args.num_ctas or None,
               dispatch=args.dispatch)
+    ref_w = None
+    if getattr(args, "expert_dtype", "bf16") == "fp8":  # e4m3 experts for the kernel, their bf16 values for the reference
+        from .fp8 import dequant_weight, quantize_weight
+
+        kw["expert_dtype"] = "fp8"
+        q13, q2 = [], []
+        for i in range(0, e_loc, 16):  # a few experts at a time: the fp32 temporaries of all would not fit
+            q13.append(quantize_weight(w13[i:i + 16]))
+            q2.append(quantize_weight(w2[i:i + 16]))
+        w13 = (torch.cat([q[0] for q in q13]), torch.cat([q[1] for q in q13]))
+        w2 = (torch.cat([q[0] for q in q2]), torch.cat([q[1] for q in q2]))
+        ref_w = (torch.cat([dequant_weight(*q).to(torch.bfloat16) for q in q13]),
+                 torch.cat([dequant_weight(*q).to(torch.bfloat16) for q in q2]))
     # the shared expert (num_shared_experts x I wide, as one FFN), with --shared on a model that has one
     inter_shared = model.num_shared_experts * I if args.shared != "off" else 0
     kw["shared_inter"] = inter_shared
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
+    layer.ref_w = ref_w  # FP8: the reference's bf16 weights (what the e4m3 blocks hold)
     layer.shared_w = None
     if inter_shared:
         from .reference import make_shared_weights
@@ -259,8 +276,10 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         res["inter_shared"] = layer.shared_inter
     kshared = {} if sw is None else {"shared": sw, "shared_order": order}
 
-    y_ref = ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx, shared=sw)
-    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, w13, w2, owner, local_idx, shared=sw)}
+    rw13, rw2 = layer.ref_w if getattr(layer, "ref_w", None) is not None else (w13, w2)
+    res["expert_dtype"] = "fp8" if layer.fp8 else "bf16"
+    y_ref = ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw)
+    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
         policies += ["weave"] + (["weave-nosteal"] if args.weave_nosteal else []) + \
@@ -333,8 +352,10 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     best = min(statics, key=statics.get)
     t_best = statics[best]
     total_flops = float(sum(vol["flops"]))
-    # bytes this kernel moves over NVLink: one row per remote pair each way (dispatch is per pair in v1)
-    link_bytes = float(sum(vol["pairs_out"])) * 2 * H * 2
+    # bytes this kernel moves over NVLink: one row per remote pair each way (dispatch is per pair in v1); FP8
+    # dispatches e4m3 rows and their scales, combine rows are bf16
+    row_out = H + 4 * (H // 128) if layer.fp8 else 2 * H
+    link_bytes = float(sum(vol["pairs_out"])) * (row_out + 2 * H)
     res.update({
         "best_static": best,
         "lower_bound_ms": lb_ms,
@@ -560,7 +581,9 @@ def weave_geomeans(rows: list[dict]) -> dict:
 
 
 def run_header(args, world: int, gpu: str) -> str:
-    return (f"MoE layer latency, {world}x {gpu}, EP={world}, bf16, tokens per GPU as listed, routing: "
+    dtype = ("fp8 experts (e4m3, 128x128 block scales; reference bf16 on the dequantized weights)"
+             if getattr(args, "expert_dtype", "bf16") == "fp8" else "bf16")
+    return (f"MoE layer latency, {world}x {gpu}, EP={world}, {dtype}, tokens per GPU as listed, routing: "
             f"{args.spec.describe()}, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
             f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
 

@@ -99,3 +99,22 @@ def test_bench_without_cuda_says_so():
 
     with pytest.raises(SystemExit, match="needs CUDA GPUs"):
         main(["--models", "qwen3-30b-a3b", "--tokens", "128"])
+
+
+def test_expert_dtype_option_and_header():
+    """--expert-dtype: bf16 (the default) or fp8, named in the run's header; anything else is refused by argparse."""
+    from weave_kernel.bench import run_header
+    from weave_kernel.routing import spec_from_args
+
+    def parsed(argv):
+        args = parse_args(argv)
+        args.spec = spec_from_args(args)  # as main() sets it
+        return args
+
+    assert parse_args([]).expert_dtype == "bf16"
+    args = parsed(["--expert-dtype", "fp8"])
+    assert args.expert_dtype == "fp8"
+    assert "fp8 experts" in run_header(args, 2, "H200") and ", bf16," not in run_header(args, 2, "H200")
+    assert ", bf16," in run_header(parsed([]), 2, "H200")
+    with pytest.raises(SystemExit):
+        parse_args(["--expert-dtype", "fp16"])
