@@ -252,6 +252,86 @@ def graph_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: i
                      lambda: layer(xf, idf, wf, w13, w2, policy="static:20", out=y_e, **ksh), y_e, ref.flip(0))
 
 
+# FP8 experts: the kernel's h and accumulation differ slightly from fp8.moe_reference_fp8's fp32 (docs/kernel.md, "FP8
+# experts in the layer"; tests/kernel/fp8_worker.py's bounds): 3e-2 against it
+TOL_FP8 = 3e-2
+
+
+def fp8_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int], seed: int = 0,
+             policies=("sequential", "static:8", "weave", "weave-nosteal"), graph: bool = True) -> None:
+    """FP8 experts on real ranks (e4m3 rows and scales over the link): every policy against fp8.moe_reference_fp8
+    over all ranks' tokens (output and scratch poisoned first), every policy's output bit-identical to the first's on
+    each rank, the in-kernel choice checked; then (graph) static:8 and weave captured in CUDA graphs and replayed on
+    fresh inputs copied in."""
+    from weave_kernel.fp8 import moe_reference_fp8, quantize_experts
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pl = contiguous(num_experts, world)
+    n = tokens[rank % len(tokens)]
+    gen = torch.Generator(device=dev).manual_seed(3000 + seed)  # the same weights on every rank
+    w13_all, w2_all = quantize_experts(*make_weights(num_experts, hidden, inter, device=dev, generator=gen))
+    local = torch.as_tensor(pl.local_experts(rank), device=dev)
+    w13 = (w13_all[0][local].contiguous(), w13_all[1][local].contiguous())
+    w2 = (w2_all[0][local].contiguous(), w2_all[1][local].contiguous())
+    layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
+                          max_tokens=n, expert_dtype="fp8")
+
+    def inputs(rep: int):
+        s = seed * 7919 + rep * 31 + rank
+        ids, w = skewed_routing(n, num_experts, top_k, seed=s, zipf_s=1.2)
+        x = (0.5 * torch.randn(n, hidden, generator=torch.Generator().manual_seed(s))).to(torch.bfloat16)
+        all_routing, all_x = gather_routing(ids, w, x)
+        ids_cat = torch.as_tensor(np.concatenate([r[0] for r in all_routing])).to(dev)
+        w_cat = torch.as_tensor(np.concatenate([r[1] for r in all_routing])).to(dev)
+        ref_all = moe_reference_fp8(torch.cat(all_x).to(dev), ids_cat, w_cat, w13_all, w2_all).float()
+        start = sum(tokens[g % len(tokens)] for g in range(rank))
+        return x.to(dev), torch.as_tensor(ids).to(dev), torch.as_tensor(w).to(dev), ref_all[start:start + n], \
+            [r[0] for r in all_routing]
+
+    x_d, ids_d, w_d, ref, ids_all = inputs(0)
+    first = None
+    for pol in policies:
+        y = torch.empty(n, hidden, dtype=torch.bfloat16, device=dev)
+        out = poisoned_run_tol(f"{name:<34} fp8 {pol:<13} tokens {tokens}", layer,
+                               lambda: layer(x_d, ids_d, w_d, w13, w2, policy=pol, out=y), y, ref, TOL_FP8)
+        same = "same" if first is None or torch.equal(y.view(torch.int16), first.view(torch.int16)) else "differs"
+        first = y.clone() if first is None else first
+        same_outcome(f"{name:<34} fp8 {pol:<13} bits equal to {policies[0]}'s", same, "same")
+        if pol.startswith("weave") and out:
+            check_choice(f"{name} fp8 {pol}", layer, pol, ids_all, pl, geometry_model(hidden, inter, num_experts, top_k))
+    if not graph:
+        return
+    x_s, ids_s, w_s = x_d.clone(), ids_d.to(torch.int32).clone(), w_d.clone()
+    y_s = torch.zeros(n, hidden, dtype=torch.bfloat16, device=dev)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graphs = {}
+    for pol in ("static:8", "weave"):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            layer(x_s, ids_s, w_s, w13, w2, policy=pol, check=False, out=y_s)
+        graphs[pol] = g
+    for rep in (1, 2):
+        x, ids, w, ref, _ = inputs(rep)
+        x_s.copy_(x)
+        ids_s.copy_(ids.to(torch.int32))
+        w_s.copy_(w)
+        for pol, g in graphs.items():
+            poisoned_run_tol(f"{name:<34} fp8 rep {rep} graph {pol:<8}", layer,
+                             lambda: (g.replay(), torch.cuda.synchronize(), layer.raise_if_error()), y_s, ref, TOL_FP8)
+
+
+def poisoned_run_tol(label: str, layer, call, out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
+    """poisoned_run with its own bound."""
+    global TOL
+    saved, TOL = TOL, tol
+    try:
+        return poisoned_run(label, layer, call, out, ref)
+    finally:
+        TOL = saved
+
+
 def module_case(name: str, *, hidden: int, inter: int, num_experts: int, top_k: int, tokens: list[int],
                 shared_inter: int, scoring: str, norm: bool, scale: float, bias: bool, gated: bool, seed: int,
                 n_group: int = 1, topk_group: int = 1, graph: bool = False) -> None:
@@ -655,6 +735,8 @@ def main() -> int:
                    policies=("static:16", "weave"), replays=2)
         graph_case("sanitize CUDA graph, shared expert", hidden=256, inter=192, num_experts=4 * world, top_k=2,
                    tokens=[150, 70], policies=("static:16", "weave"), replays=2, shared_inter=192)
+        fp8_case("sanitize fp8", hidden=256, inter=256, num_experts=4 * world, top_k=2, tokens=[150, 70],
+                 policies=("sequential", "static:16", "weave"), graph=False)
         log(f"SUMMARY: {len(FAILURES)} failures")
         dist.destroy_process_group()
         return 1 if FAILURES else 0
@@ -668,6 +750,12 @@ def main() -> int:
         k = min(m.top_k, e // 2)
         run_case(f"{name} E{e} k{k}", hidden=m.hidden_size, inter=m.expert_ffn_size, num_experts=e, top_k=k,
                  tokens=[200 + 37 * g for g in range(world)], seed=i, ep_ref=(i == 0))
+    # FP8 experts (e4m3 rows and scales over the link; CUDA graphs): qwen3-30b-a3b's and deepseek-v3's widths
+    fp8_case(f"fp8 qwen3-30b-a3b dims E{8 * world}", hidden=2048, inter=768, num_experts=8 * world, top_k=4,
+             tokens=[300 + 41 * g for g in range(world)], seed=50)
+    if not args.quick:
+        fp8_case(f"fp8 deepseek-v3 dims E{4 * world}", hidden=7168, inter=2048, num_experts=4 * world, top_k=4,
+                 tokens=[129, 1] + [64] * 6, seed=51, graph=False)
     # the shared expert fused into the layer (both ticket orders, every policy), as DeepSeek-V2-Lite has it
     # (2 x 1408); tiny token counts (a 1-row block); one layer called with and without it in turn
     m = get_model("deepseek-v2-lite")
