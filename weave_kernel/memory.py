@@ -7,9 +7,12 @@ against one kernel per layer. Attention, embeddings, activations and the KV cach
     python -m weave_kernel.memory --models custom:E=64:k=4:H=2048:I=1024:layers=24 --recv-factor 2
 
 --recv-factor F sizes the receive rows for F times a balanced load (recv_capacity = F x max_tokens x top_k; default
-the worst case, every pair of every rank on one GPU). --fp8 counts the experts' weights as FP8 experts would hold
-them (not built: e4m3 with an fp32 scale per 128 x 128 block; docs/kernel.md "FP8 experts"); the buffers stay the
-bf16 kernel's. Needs no GPU.
+the worst case, every pair of every rank on one GPU). --fp8 counts the layer as MoEMegakernel(expert_dtype="fp8")
+holds it: the experts' weights in e4m3 (1 byte an element) with an fp32 scale per 128 x 128 block
+(fp8.quantize_experts), and the FP8 kernel's buffers (workspace_bytes(expert_dtype="fp8"): e4m3 h and x with their
+scales, the received rows' scales). The FP8 kernel has no shared expert, so its buffers hold no shared-expert
+scratch; the shared experts' weights are counted in the same FP8 format (they run outside the kernel). H and I must
+be multiples of 128 there. Needs no GPU.
 """
 from __future__ import annotations
 
@@ -19,30 +22,36 @@ import math
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 
 from .geometry import check_geometry
-from .megakernel import workspace_bytes
+from .megakernel import FP8_BLOCK, workspace_bytes
 
 GIB = 2**30
 
 
 def _weight_bytes(rows: int, cols: int, fp8: bool) -> int:
-    """Bytes of one [rows, cols] weight matrix: bf16, or e4m3 plus an fp32 scale per 128 x 128 block."""
+    """Bytes of one [rows, cols] weight matrix: bf16, or e4m3 plus an fp32 scale per 128 x 128 block (fp8.py's
+    weight_scale_inv layout [rows / 128, cols / 128]; moe_memory checks that both are multiples of 128)."""
     if not fp8:
         return 2 * rows * cols
-    return rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
+    return rows * cols + 4 * (rows // FP8_BLOCK) * (cols // FP8_BLOCK)
 
 
 def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = None, num_ctas: int = 132,
                fp8: bool = False) -> dict:
-    """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`; fp8: the
-    experts' weights as FP8 experts would hold them (not built; the buffers stay the bf16 kernel's)."""
+    """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`; fp8: as
+    MoEMegakernel(expert_dtype="fp8") holds them (module docstring): e4m3 experts with their block scales and the FP8
+    kernel's buffers, which have no shared expert's scratch (the FP8 kernel runs none)."""
     H, I, E, k, L = model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, model.num_moe_layers
     Is = model.num_shared_experts * I
     check_geometry(H, I, E, k, world, world, Is)
+    if fp8 and (H % FP8_BLOCK or I % FP8_BLOCK):
+        raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} (their scale blocks), got "
+                         f"hidden {H}, inter {I}")
     if recv_factor is not None and not 0 < recv_factor < math.inf:
         raise ValueError(f"recv_factor must be a finite number > 0, got {recv_factor}")
     cap = None if recv_factor is None else max(1, int(recv_factor * max_tokens * k))
     buf = workspace_bytes(hidden=H, inter=I, num_experts=E, top_k=k, world=world, max_tokens=max_tokens,
-                          shared_inter=Is, num_ctas=num_ctas, recv_capacity=cap)["total"]
+                          shared_inter=0 if fp8 else Is, num_ctas=num_ctas, recv_capacity=cap,
+                          expert_dtype="fp8" if fp8 else "bf16")["total"]
     expert = 2 * _weight_bytes(I, H, fp8) + _weight_bytes(H, I, fp8)  # gate and up [I, H], down [H, I]
     shared = 2 * _weight_bytes(Is, H, fp8) + _weight_bytes(H, Is, fp8) if Is else 0
     out = {"routed": L * (E // world) * expert, "shared": L * shared,
@@ -62,7 +71,8 @@ def main(argv=None) -> int:
                     help="receive rows for this many times a balanced load (default: the worst case)")
     ap.add_argument("--gpu-gib", type=float, default=139.0, help="memory per GPU in GiB (an H200 as torch sees it)")
     ap.add_argument("--fp8", action="store_true",
-                    help="experts' weights in FP8 with 128 x 128 block scales (not built; buffers stay bf16)")
+                    help="FP8 experts (expert_dtype='fp8'): e4m3 weights with 128 x 128 block scales, the FP8 "
+                         "kernel's buffers")
     args = ap.parse_args(argv)
     try:
         gpus = [int(g) for g in args.gpus.split(",") if g]
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
     recv = "worst case" if args.recv_factor is None else f"{args.recv_factor:g} x a balanced load"
     print(f"# MoE layers only (no attention, embeddings, KV cache), GiB per GPU, max_tokens {args.max_tokens}, receive "
           f"rows for the {recv}; fits: total <= {args.gpu_gib:g} GiB"
-          + ("; experts in FP8 (not built: e4m3 + 128x128 block scales, buffers bf16)" if args.fp8 else ""))
+          + ("; experts in FP8 (e4m3 + 128x128 block scales, the FP8 kernel's buffers)" if args.fp8 else ""))
     print(f"{'model':<{w}}{'EP':>4}{'layers':>7}{'experts/GPU':>12}{'routed':>9}{'shared':>8}{'routers':>8}"
           f"{'buffers':>9}{'total':>9}{'fits':>6}{'a kernel per layer':>20}")
     for m in models:

@@ -113,10 +113,20 @@ def test_memory_planner(capsys):
                                               max_tokens=4096, shared_inter=2816)["total"]
     assert r["total_kernel_per_layer"] - r["total"] == 25 * r["buffers"]
     assert moe_memory(m, 4, 4096, recv_factor=2)["buffers"] < r["buffers"]
-    f8 = moe_memory(m, 4, 4096, fp8=True)  # e4m3 weights plus an fp32 scale per 128 x 128 block, bf16 buffers
+    f8 = moe_memory(m, 4, 4096, fp8=True)  # e4m3 weights plus an fp32 scale per 128 x 128 block, the FP8 buffers
     blocks = 2 * 11 * 16 + 16 * 11  # gate, up [1408, 2048] and down [2048, 1408] in 128 x 128 blocks
-    assert f8["routed"] == 26 * 16 * (3 * 1408 * 2048 + 4 * blocks) and f8["buffers"] == r["buffers"]
+    assert f8["routed"] == 26 * 16 * (3 * 1408 * 2048 + 4 * blocks)
     assert f8["shared"] == 26 * (3 * 2816 * 2048 + 4 * (2 * 22 * 16 + 16 * 22))
+    # the FP8 kernel's own buffers: no shared expert's scratch (it runs none), e4m3 h and x with their scales
+    assert f8["buffers"] == mk.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
+                                               max_tokens=4096, expert_dtype="fp8")["total"] < r["buffers"]
+    assert f8["total_kernel_per_layer"] - f8["total"] == 25 * f8["buffers"]
+    assert moe_memory(m, 4, 4096, recv_factor=2, fp8=True)["buffers"] < f8["buffers"]
+    with pytest.raises(ValueError, match="multiples of 128"):  # the FP8 kernel's scale blocks
+        moe_memory(get_model("custom:E=8:k=2:H=256:I=192:layers=2"), 2, 64, fp8=True)
+    assert main(["--models", "deepseek-v2-lite", "--gpus", "8", "--fp8"]) == 0
+    out = capsys.readouterr().out
+    assert "experts in FP8" in out and "the FP8 kernel's buffers" in out and out.count("\n") == 3
     assert main(["--models", "deepseek-v2-lite", "--gpus", "1,8"]) == 0
     out = capsys.readouterr().out
     assert "deepseek-v2-lite" in out and out.count("\n") == 4
