@@ -184,6 +184,9 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
     object did allocate; the GPU tests check that the two agree. expert_dtype "fp8": h in e4m3 with its scales,
     the received rows' scales, and the quantized x with its scales ("other")."""
     fp8 = check_expert_dtype(expert_dtype) == "fp8"
+    if fp8 and (hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter):
+        raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} and no shared expert, got "
+                         f"hidden {hidden}, inter {inter}, shared_inter {shared_inter}")
     plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens, recv_capacity, fp8)
     ns = max_tokens if shared_inter else 1
     shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
@@ -558,6 +561,8 @@ class MoEMegakernel:
         (views of the layer's buffers; tests compare them with fp8.quantize_act)."""
         if not self.fp8:
             raise ValueError("quantized_x is for layers built with expert_dtype='fp8'")
+        if not 0 <= n <= self.max_tokens:
+            raise ValueError(f"quantized_x: n must be in [0, max_tokens = {self.max_tokens}], got {n}")
         q = self.x_q[: n * self.hidden].view(n, self.hidden).view(torch.float8_e4m3fn)
         st = fp8_scale_stride(self.hidden)
         return q, self.x_s[: n * st].view(n, st)[:, : self.hidden // FP8_BLOCK]
@@ -618,10 +623,15 @@ class MoEMegakernel:
         nan = torch.full((1,), float("nan"), dtype=torch.bfloat16).view(torch.uint8)  # 2 bytes
         for start, end in ((pl.off_comb, pl.off_recv_x), (pl.off_recv_x, pl.total_bytes)):
             region = self.symm[start:end]
-            region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
+            if self.fp8 and start == pl.off_recv_x:  # 0xFF: NaN as e4m3, as fp32 scales, and as bf16 output rows
+                region.fill_(0xFF)
+            else:
+                region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
         if self.fp8:
             self.h.fill_(0xFF)  # e4m3 NaN
             self.h_scale.fill_(float("nan"))
+            self.x_q.fill_(0xFF)  # the kernel quantizes x into these before anything reads them
+            self.x_s.fill_(float("nan"))
         else:
             self.h.fill_(float("nan"))
         self.hs.fill_(float("nan"))

@@ -85,7 +85,7 @@ constexpr int32_t fp8_scale_stride(int32_t k) { return (k / 128 + 31) / 32 * 32;
 // ---- everything one launch needs (passed by value as the kernel argument) ------------------------------
 struct Params {
   // inputs and output on this rank
-  const void* x;                 // [num_tokens, hidden] bf16 (fp8: e4m3)
+  const void* x;                 // [num_tokens, hidden] bf16 (fp8 too: the kernel quantizes it into x_q)
   const int32_t* topk_ids;       // [num_tokens, top_k] global expert ids
   const float* topk_weights;     // [num_tokens, top_k]
   const void* w13;               // [num_local_experts, 2*inter, hidden] bf16: rows [0,I) gate, [I,2I) up
