@@ -16,7 +16,16 @@ original checkpoints, and save_pretrained's default). A rank's host memory is th
 own experts, not the checkpoint. The model equals from_pretrained(folder, dtype=torch.bfloat16) followed by
 replace_moe_blocks, tensor for tensor (tests/kernel/test_hf_load.py: Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V2,
 DeepSeek-V3, OLMoE; 1 and 2 ranks). A tensor it cannot place, or one the model needs and the checkpoint lacks,
-raises CheckpointError naming it; quantized checkpoints (FP8, ...) are refused.
+raises CheckpointError naming it.
+
+FP8 checkpoints of DeepSeek-V3's format (config quantization_config {"quant_method": "fp8", "weight_block_size":
+[128, 128]}, dynamic activation scales; DeepSeek-V3, Qwen3-MoE-FP8, ...): a float8_e4m3fn tensor `<name>` comes with
+`<name>_scale_inv`, one fp32 multiplier per 128 x 128 block ([ceil(N/128), ceil(K/128)]). The routed experts load into
+FP8 WeaveMoE blocks (expert_dtype="fp8", the default for such a checkpoint) as they are, e4m3 and scales, without
+requantization; every other FP8 tensor (attention, dense MLPs, shared experts) is dequantized (q * s in fp32, then
+the model's dtype; edges that are not multiples of 128 padded and cropped: dequant_fp8_weight). FP8 blocks run no
+shared expert, so a model whose MoE blocks have one (DeepSeek-V3) loads with expert_dtype="bf16": its experts
+dequantized too. Other quantizations are refused.
 
 A block qualifies when it has
 - `gate`: one of the routers in ROUTERS (Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE, OLMoE, DeepSeek-V2,
@@ -38,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from .fp8 import BLOCK as FP8_BLOCK
 from .module import WeaveMoE, kernel_options
 from .validate import full_device
 
@@ -172,9 +182,13 @@ def load_block_weights(moe: WeaveMoE, weights: dict) -> None:
     """Copy an HF block's weights (describe_block's "weights") into `moe`: the router, its score bias, this rank's
     experts (moe.local) and the shared expert."""
     moe.load_router(weights["router"], weights["score_bias"])
-    idx = torch.as_tensor(moe.local, device=weights["gate_up"].device)
-    moe.w13.copy_(weights["gate_up"][idx])
-    moe.w2.copy_(weights["down"][idx])
+    if moe.fp8:  # quantized (load_experts), gate and up rows in their own 128-row blocks
+        gu, I = weights["gate_up"], moe.inter
+        moe.load_experts(gu[:, :I], gu[:, I:], weights["down"])
+    else:
+        idx = torch.as_tensor(moe.local, device=weights["gate_up"].device)
+        moe.w13.copy_(weights["gate_up"][idx])
+        moe.w2.copy_(weights["down"][idx])
     if "shared" in weights:
         moe.load_shared(*weights["shared"], gate_weight=weights.get("shared_gate"))
 
@@ -259,6 +273,55 @@ class CheckpointError(ValueError):
 _EXPERT_PARTS = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
 _PER_EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
 _FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+_FP8_DTYPE = "F8_E4M3"     # safetensors' name of float8_e4m3fn
+_SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3: <name> e4m3, <name>_scale_inv its fp32 block scales
+
+
+def _blocks(n: int) -> int:
+    return -(-n // FP8_BLOCK)
+
+
+def dequant_fp8_weight(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A DeepSeek-V3-style FP8 weight in `dtype`: q [..., N, K] float8_e4m3fn, s [..., ceil(N/128), ceil(K/128)] its
+    scales (weight_scale_inv: value = q * s per 128 x 128 block), computed in fp32 (fp8.dequant_weight) and rounded
+    once. N and K need not be multiples of 128 (DeepSeek-V3's kv_a_proj_with_mqa has 576 rows): q is padded with
+    zeros to whole blocks and the result cropped."""
+    from .fp8 import FP8, dequant_weight
+
+    if q.dtype != FP8 or q.dim() < 2:
+        raise ValueError(f"dequant_fp8_weight: q must be float8_e4m3fn [..., N, K], got {q.dtype} {list(q.shape)}")
+    n, k = q.shape[-2:]
+    want = (*q.shape[:-2], _blocks(n), _blocks(k))
+    if tuple(s.shape) != want or not s.is_floating_point():
+        raise ValueError(f"dequant_fp8_weight: the scales of a {list(q.shape)} weight must be float {list(want)} "
+                         f"(one per 128 x 128 block), got {s.dtype} {list(s.shape)}")
+    pn, pk = want[-2] * FP8_BLOCK - n, want[-1] * FP8_BLOCK - k
+    if pn or pk:  # (byte 0 is e4m3 +0)
+        q = torch.nn.functional.pad(q.view(torch.uint8), (0, pk, 0, pn)).view(FP8)
+    return dequant_weight(q, s.float())[..., :n, :k].to(dtype)
+
+
+def _fp8_config(qc, path) -> bool:
+    """True for a quantization_config load_model reads (DeepSeek-V3-style block FP8); CheckpointError otherwise."""
+    d = qc if isinstance(qc, dict) else (qc.to_dict() if hasattr(qc, "to_dict") else vars(qc))
+    why = []
+    if d.get("quant_method") != "fp8":
+        why.append(f"quant_method {d.get('quant_method')!r}, not 'fp8'")
+    block = d.get("weight_block_size")
+    if block is None or list(block) != [FP8_BLOCK, FP8_BLOCK]:
+        why.append(f"weight_block_size {block}, not [{FP8_BLOCK}, {FP8_BLOCK}]")
+    if (d.get("activation_scheme") or "dynamic") != "dynamic":
+        why.append(f"activation_scheme {d.get('activation_scheme')!r}, not 'dynamic' (static activation scales)")
+    if d.get("fmt") not in (None, "e4m3"):
+        why.append(f"fmt {d.get('fmt')!r}, not 'e4m3'")
+    if d.get("weight_scale_format") not in (None, "float32", "fp32"):  # (UE8M0 scales)
+        why.append(f"weight_scale_format {d.get('weight_scale_format')!r}")
+    if why:
+        raise CheckpointError(f"load_model: {path} is quantized ({d}); load_model reads unquantized checkpoints and "
+                              f"DeepSeek-V3-style FP8 ones (quant_method 'fp8', weight_block_size [128, 128], dynamic "
+                              f"activations, e4m3 weights with fp32 weight_scale_inv), and this one has "
+                              f"{'; '.join(why)}")
+    return True
 
 
 def _safe_open(file: Path):
@@ -352,9 +415,10 @@ def _runs(local: list) -> list:
     return runs
 
 
-def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
+def _plan(model, targets: list, descs: list, shapes: dict, path: Path, fp8: bool = False) -> dict:
     """Which checkpoint tensor fills what, from the checkpoint's keys, shapes and dtypes only (no tensor data is
-    read, so every rank finds the same errors before any collective). Raises CheckpointError."""
+    read, so every rank finds the same errors before any collective). Raises CheckpointError. fp8 (an FP8
+    checkpoint): a tensor `<k>` with a sibling `<k>_scale_inv` may be e4m3; "scales" maps it to that sibling."""
     rename, meta = _renamer(model), model.state_dict()
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     ignore = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
@@ -373,6 +437,13 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
         roles.append(r)
     blocks = [{"roles": {}, "experts": {}} for _ in targets]
     dense, unexpected = {}, []
+    scales = {}  # e4m3 tensor's checkpoint key -> its scales' key (FP8 checkpoints)
+    if fp8:
+        for ckpt_key in shapes:
+            base = ckpt_key[:-len(_SCALE_SUFFIX)]
+            if ckpt_key.endswith(_SCALE_SUFFIX) and base in shapes:
+                scales[base] = ckpt_key
+    scale_keys = set(scales.values())
 
     def block_of(key: str):
         parts = key.split(".")
@@ -388,6 +459,8 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
         into[k] = ckpt_key
 
     for ckpt_key in sorted(shapes):
+        if ckpt_key in scale_keys:
+            continue  # read with its tensor
         key = rename(ckpt_key)
         i, rel = block_of(key)
         if i is not None:
@@ -416,9 +489,24 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
         shape, dt = shapes[ckpt_key]
         if tuple(shape) != tuple(want):
             raise CheckpointError(f"load_model: {ckpt_key} in {path} is {list(shape)}; {what} is {list(want)}")
+        if ckpt_key in scales:
+            sk = scales[ckpt_key]
+            s_shape, s_dt = shapes[sk]
+            if dt != _FP8_DTYPE:
+                raise CheckpointError(f"load_model: {ckpt_key} in {path} is {dt} and has block scales {sk}; scales go "
+                                      f"with {_FP8_DTYPE} tensors")
+            want_s = (*want[:-2], _blocks(want[-2]), _blocks(want[-1])) if len(want) >= 2 else None
+            if want_s is None or tuple(s_shape) != want_s or s_dt not in _FLOAT_DTYPES:
+                raise CheckpointError(f"load_model: {sk} in {path} is {s_dt} {list(s_shape)}; the 128 x 128 block "
+                                      f"scales of {what} are float {list(want_s) if want_s else '(none: not 2-D)'}")
+            return
+        if fp8 and dt == _FP8_DTYPE:
+            raise CheckpointError(f"load_model: {ckpt_key} in {path} is {dt} without its block scales "
+                                  f"{ckpt_key}{_SCALE_SUFFIX}")
         if dt not in _FLOAT_DTYPES:
             raise CheckpointError(f"load_model: {ckpt_key} in {path} is {dt}; load_model reads unquantized "
-                                  f"checkpoints ({', '.join(_FLOAT_DTYPES)})")
+                                  f"checkpoints ({', '.join(_FLOAT_DTYPES)}) and DeepSeek-V3-style FP8 ones (config "
+                                  f"quantization_config quant_method 'fp8', e4m3 tensors with <name>{_SCALE_SUFFIX})")
 
     block_prefixes = tuple(prefix_of)
     for key, t in meta.items():
@@ -464,7 +552,7 @@ def _plan(model, targets: list, descs: list, shapes: dict, path: Path) -> dict:
             raise CheckpointError(f"load_model: {path} has no experts for {name}: neither {name}.experts.gate_up_proj "
                                   f"/ down_proj (fused) nor {name}.experts.<e>.gate_proj.weight / up_proj / down_proj "
                                   f"(one by one; Mixtral's w1 / w3 / w2)")
-    return {"dense": dense, "blocks": blocks}
+    return {"dense": dense, "blocks": blocks, "scales": scales}
 
 
 def load_model(path, *, max_tokens: int, group=None, device=None, config=None, share_kernel: bool = True,
@@ -472,7 +560,8 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
     """The causal LM of a local safetensors checkpoint (`path`: config.json and model.safetensors or a sharded
     model.safetensors.index.json) in bf16, its MoE blocks WeaveMoE, with this rank reading only what it keeps: every
     non-expert tensor whole, and of the routed experts only the rows of its own (moe.local, by the placement; any
-    placement). kwargs go to WeaveMoE (backend, placement, policy, ...), as in replace_moe_blocks, and so does group
+    placement). kwargs go to WeaveMoE (backend, placement, policy, expert_dtype, ...), as in replace_moe_blocks, and so
+    does group
     (the expert-parallel process group); device (default: the current CUDA device, else the CPU) holds the whole
     model. config replaces the checkpoint's config.json (e.g. with output_router_logits=False).
 
@@ -483,7 +572,13 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
     gives them: its renamings, fp32 where the model keeps them in fp32, tied embeddings, buffers computed as it
     computes them. Everything is checked before anything is read or built (every rank finds the same errors): a
     missing, unexpected, misshapen or quantized tensor raises CheckpointError naming it, an unsupported block
-    UnsupportedBlock; and no parameter or buffer is left unloaded."""
+    UnsupportedBlock; and no parameter or buffer is left unloaded.
+
+    FP8 checkpoints (module docstring): the blocks are expert_dtype="fp8" unless kwargs say "bf16", and take the
+    checkpoint's e4m3 experts and scales as they are (an expert stored in bf16 is quantized, fp8.quantize_weight); with
+    "bf16" the experts are dequantized (dequant_fp8_weight). Every other e4m3 tensor is dequantized to the model's
+    dtype. A block with a shared expert needs expert_dtype="bf16" (FP8 blocks run none): UnsupportedBlock says so.
+    An unquantized checkpoint loads into FP8 blocks too with expert_dtype="fp8" (experts quantized)."""
     import copy
 
     import transformers
@@ -491,9 +586,16 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
     path = Path(path)
     files = _checkpoint_files(path)
     config = transformers.AutoConfig.from_pretrained(path) if config is None else copy.deepcopy(config)
+    fp8 = False
     if getattr(config, "quantization_config", None):
-        raise CheckpointError(f"load_model: {path} is quantized ({config.quantization_config}); WeaveMoE's experts "
-                              f"are bf16 and load_model reads unquantized checkpoints")
+        fp8 = _fp8_config(config.quantization_config, path)
+        try:  # the model is built unquantized (bf16, its experts WeaveMoE's); load_model reads the FP8 tensors
+            del config.quantization_config
+        except AttributeError:
+            config.quantization_config = None
+    from .megakernel import check_expert_dtype
+
+    expert_dtype = check_expert_dtype(kwargs.pop("expert_dtype", "fp8" if fp8 else "bf16"))
     config.name_or_path = str(path)
     dev = full_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device("meta"):
@@ -501,6 +603,12 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
     targets = _moe_targets(model)
     _refuse_router_logits(model, targets, "pass config= with output_router_logits=False")
     descs = [describe_block(mod) for _, mod in targets]
+    if expert_dtype == "fp8":
+        for (name, mod), d in zip(targets, descs):
+            if d["kwargs"].get("shared_inter"):
+                raise UnsupportedBlock(f"{name} ({type(mod).__name__}) has a shared expert (width "
+                                       f"{d['kwargs']['shared_inter']}), and FP8 WeaveMoE blocks run none: pass "
+                                       f"expert_dtype='bf16' (the experts then dequantized to bf16)")
     dtype_of = _dtype_rule(model, torch.bfloat16)
     meta = model.state_dict()
     with ExitStack() as stack:
@@ -512,7 +620,8 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
                     raise CheckpointError(f"load_model: {k} is in two files of {path}")
                 sl = h.get_slice(k)
                 handles[k], shapes[k] = h, (tuple(sl.get_shape()), sl.get_dtype())
-        plan = _plan(model, targets, descs, shapes, path)
+        plan = _plan(model, targets, descs, shapes, path, fp8)
+        scales = plan["scales"]
 
         share, own = _sharing(kwargs, share_kernel)  # the blocks, as replace_moe_blocks builds them (collective)
         kernels, moes = {}, []
@@ -520,9 +629,10 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
             key = _geometry(d, dev) if share else None
             if key in kernels:
                 moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, group=group, device=dev, kernel=kernels[key],
-                               **own)
+                               expert_dtype=expert_dtype, **own)
             else:
-                moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, group=group, device=dev, **kwargs)
+                moe = WeaveMoE(**d["kwargs"], max_tokens=max_tokens, group=group, device=dev,
+                               expert_dtype=expert_dtype, **kwargs)
                 if key is not None:
                     kernels[key] = moe.layer
             moes.append(moe)
@@ -532,7 +642,21 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
 
         def read(ckpt_key: str, model_key: str) -> torch.Tensor:
             t = handles[ckpt_key].get_tensor(ckpt_key)
-            return t.to(device=dev, dtype=dtype_of(model_key, meta[model_key].dtype))
+            dtype = dtype_of(model_key, meta[model_key].dtype)
+            if ckpt_key in scales:  # e4m3: dequantized
+                sk = scales[ckpt_key]
+                return dequant_fp8_weight(t.to(dev), handles[sk].get_tensor(sk).to(dev), dtype)
+            return t.to(device=dev, dtype=dtype)
+
+        def expert_part(moe: WeaveMoE, ckpt_key: str, lo: int | None = None, hi: int | None = None):
+            """An expert tensor (rows [lo, hi) of a fused one) as moe wants it: (e4m3, scales) for FP8 blocks
+            (quantized if the checkpoint has it unquantized), (bf16, None) for bf16 blocks (dequantized if e4m3)."""
+            t = handles[ckpt_key].get_tensor(ckpt_key) if lo is None else handles[ckpt_key].get_slice(ckpt_key)[lo:hi]
+            s = None
+            if ckpt_key in scales:
+                sk = scales[ckpt_key]
+                s = handles[sk].get_tensor(sk) if lo is None else handles[sk].get_slice(sk)[lo:hi]
+            return _expert_as(moe, t, s)
 
         with torch.no_grad():
             for key, ckpt_key in plan["dense"].items():
@@ -545,23 +669,49 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
                     moe.load_shared(*(read(r[("shared", j)], f"{name}.{n['shared'][j]}") for j in range(3)),
                                     gate_weight=read(r["shared_gate"], f"{name}.{n['shared_gate']}")
                                     if "shared_gate" in n else None)
-                I = moe.inter
                 if b["layout"] == "fused":
-                    gate_up, down = (handles[r[k]].get_slice(r[k]) for k in ("gate_up", "down"))
                     for j, e, cnt in _runs(moe.local):  # only this rank's rows of the [E, ...] tensors
-                        moe.w13[j:j + cnt].copy_(gate_up[e:e + cnt])
-                        moe.w2[j:j + cnt].copy_(down[e:e + cnt])
+                        _store_experts(moe, j, expert_part(moe, r["gate_up"], e, e + cnt),
+                                       expert_part(moe, r["down"], e, e + cnt))
                 else:
                     for j, e in enumerate(moe.local):
-                        g, u, dn = (handles[k].get_tensor(k) for k in (b["experts"][(e, p)] for p in range(3)))
-                        moe.w13[j, :I].copy_(g)
-                        moe.w13[j, I:].copy_(u)
-                        moe.w2[j].copy_(dn)
+                        g, u, dn = (expert_part(moe, b["experts"][(e, p)]) for p in range(3))
+                        _store_experts(moe, j, _cat_parts(g, u), dn)
     model.tie_weights()
     _finish(model, dev, path)
     if (path / "generation_config.json").is_file() and model.can_generate():
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     return model.eval()
+
+
+def _expert_as(moe: WeaveMoE, t: torch.Tensor, s: torch.Tensor | None) -> tuple:
+    """A checkpoint's expert tensor t [..., N, K] (with its block scales s, or None) in moe's format: (e4m3, fp32
+    scales) for an FP8 block, (bf16, None) for a bf16 one."""
+    from .fp8 import quantize_weight
+
+    dev = moe.router_weight.device
+    t = t.to(dev)
+    if moe.fp8:
+        return (t, s.to(device=dev, dtype=torch.float32)) if s is not None else quantize_weight(t)
+    return (dequant_fp8_weight(t, s.to(dev)) if s is not None else t), None
+
+
+def _cat_parts(g: tuple, u: tuple) -> tuple:
+    """One expert's gate and up parts (_expert_as) -> its w13 rows [2I, H] (and scales [2I/128, H/128]: FP8 blocks
+    have I % 128 == 0, so gate and up never share a scale block)."""
+    return torch.cat([g[0], u[0]]), (torch.cat([g[1], u[1]]) if g[1] is not None else None)
+
+
+@torch.no_grad()
+def _store_experts(moe: WeaveMoE, j: int, w13: tuple, w2: tuple) -> None:
+    """Local experts j, j + 1, ... of moe from (w13 [c, 2I, H] or [2I, H], scales) and (w2, scales) (_expert_as)."""
+    c = w13[0].shape[0] if w13[0].dim() == 3 else 1
+    if moe.fp8:
+        for dst, src in ((moe.w13_q, w13[0]), (moe.w13_s, w13[1]), (moe.w2_q, w2[0]), (moe.w2_s, w2[1])):
+            dst[j:j + c].copy_(src.reshape(dst[j:j + c].shape))
+    else:
+        moe.w13[j:j + c].copy_(w13[0].reshape(moe.w13[j:j + c].shape))
+        moe.w2[j:j + c].copy_(w2[0].reshape(moe.w2[j:j + c].shape))
 
 
 def _finish(model, dev: torch.device, path: Path) -> None:

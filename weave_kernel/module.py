@@ -8,6 +8,15 @@ expert of one MoE block on this rank; one megakernel launch per forward.
     moe.load_shared(gate, up, down, gate_weight=g)     # [Is, H], [Is, H], [H, Is]; g [1, H] for a gated shared expert
     y = moe(x)                                         # x [..., H] bf16 -> y [..., H] bf16
 
+FP8 experts (expert_dtype="fp8", weave_kernel/fp8.py, DeepSeek-V3's format): the block holds this rank's experts as
+e4m3 weights with one fp32 scale per 128 x 128 block, w13_q [El, 2I, H] / w13_s [El, 2I/128, H/128] and w2_q [El, H, I]
+/ w2_s [El, H/128, I/128] (instead of bf16 w13 / w2); load_experts quantizes bf16 weights (fp8.quantize_weight, gate
+and up rows in separate 128-row blocks), load_experts_fp8 copies a checkpoint's e4m3 weights and weight_scale_inv
+tensors as they are. x and y stay bf16: the kernel quantizes x per (row, 128 columns) and h likewise; the torch
+backend computes the same (reference.ep_moe_reference on the pairs: fp8.moe_reference_fp8's semantics, not the bf16
+layer on dequantized weights). As the FP8 kernel: hidden and inter multiples of 128, no shared expert, dispatch
+"threads".
+
 Routing (what the common checkpoints do; `router=` takes any other function x [N, H] -> (ids [N, k], weights [N, k])):
 - scoring "softmax" (Mixtral, Qwen-MoE, DeepSeek-V2): p = softmax(x W_r^T) over all experts, the top-k of p, weights p
   renormalised over the k when norm_topk;
@@ -49,7 +58,8 @@ def kernel_options() -> set:
     from .megakernel import MoEMegakernel
 
     return set(inspect.signature(MoEMegakernel.__init__).parameters) - {
-        "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device", "shared_inter"}
+        "self", "hidden", "inter", "num_experts", "top_k", "placement", "max_tokens", "group", "device", "shared_inter",
+        "expert_dtype"}  # (the block's own: it decides what the block stores, and blocks on one kernel must agree)
 
 
 def _stack(t, name: str, shape: tuple) -> torch.Tensor:
@@ -76,7 +86,7 @@ class WeaveMoE(torch.nn.Module):
                  router_dtype: torch.dtype = torch.float32,
                  shared_inter: int = 0, shared_gate: bool = False,
                  shared_order: str = "last", check: bool = True, kernel=None, on_overflow: str = "split",
-                 **kernel_kwargs):
+                 expert_dtype: str = "bf16", **kernel_kwargs):
         """placement: a weave_sim Placement (default contiguous over the group, or kernel='s); check=False skips the
         kernel call's host-side id scan and error read (two host syncs per forward; a CUDA graph capture needs it
         off): call raise_if_error() after the forwards then. kernel_kwargs go to MoEMegakernel: timeout_s,
@@ -100,14 +110,18 @@ class WeaveMoE(torch.nn.Module):
         inter, experts, top_k, max_tokens, placement, group, device; shared_inter equal, or 0 here); its options
         (kernel_kwargs) are the ones it was built with, so none may be passed with it. set_placement() on a kernel
         changes the placement of every block on it, but not the experts the blocks loaded: their forwards then raise
-        RuntimeError (build them again with the new placement)."""
+        RuntimeError (build them again with the new placement).
+
+        expert_dtype: "bf16" (w13 / w2 bf16) or "fp8" (module docstring: e4m3 experts with 128 x 128 block scales,
+        w13_q / w13_s / w2_q / w2_s; hidden and inter multiples of 128, no shared expert, dispatch "threads"; refused
+        on either backend before anything is allocated). A block on kernel= must have the kernel's expert dtype."""
         super().__init__()
         import torch.distributed as dist
 
         from weave_sim.placement import contiguous
 
-        from .megakernel import (SHARED_ORDERS, MoEMegakernel, build_cost_table, check_fits, check_options,
-                                 recv_pairs_of, workspace_bytes)
+        from .megakernel import (FP8_BLOCK, SHARED_ORDERS, MoEMegakernel, build_cost_table, check_expert_dtype,
+                                 check_fits, check_options, recv_pairs_of, workspace_bytes)
         from .policies import dispatch_issuers, parse_policy
 
         for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),
@@ -119,6 +133,18 @@ class WeaveMoE(torch.nn.Module):
                 raise ValueError(f"{name} must be >= {lo}, got {v}")
         hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group = (
             int(v) for v in (hidden, inter, num_experts, top_k, max_tokens, shared_inter, n_group, topk_group))
+        fp8 = check_expert_dtype(expert_dtype) == "fp8"  # the kernel's FP8 limits, on either backend
+        if fp8:
+            if hidden % FP8_BLOCK or inter % FP8_BLOCK:
+                raise ValueError(f"expert_dtype='fp8' needs hidden and inter multiples of {FP8_BLOCK} (the weights' "
+                                 f"scale blocks), got hidden {hidden}, inter {inter}")
+            if shared_inter:
+                raise ValueError(f"expert_dtype='fp8' blocks have no shared expert (the FP8 kernel runs none), got "
+                                 f"shared_inter={shared_inter}: run the shared expert outside the block, or use bf16 "
+                                 f"experts")
+            if kernel_kwargs.get("dispatch", "threads") != "threads":
+                raise ValueError(f"expert_dtype='fp8' dispatches by threads (dispatch='threads'), got "
+                                 f"dispatch={kernel_kwargs['dispatch']!r}")
         kernel_args = kernel_options()
         unknown = sorted(set(kernel_kwargs) - kernel_args)
         if unknown:
@@ -179,6 +205,7 @@ class WeaveMoE(torch.nn.Module):
         self.backend, self.policy, self.scoring, self.norm_topk = backend, policy, scoring, norm_topk
         self.routed_scale, self.custom_router, self.check = float(routed_scale), router, check
         self.on_overflow = on_overflow
+        self.expert_dtype, self.fp8 = expert_dtype, fp8
         self.n_group, self.topk_group, self.router_dtype = n_group, topk_group, router_dtype
         dev = full_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if backend == "kernel" and (dev.type != "cuda" or not torch.cuda.is_available()):
@@ -190,7 +217,9 @@ class WeaveMoE(torch.nn.Module):
         self.local = [int(e) for e in self.placement.local_experts(self.rank)]
         e_loc = len(self.local)
         # what this block allocates on its device, checked on every rank before anything is (module check_fits)
-        need = {"weights": 4 * num_experts * (hidden + 1) + 2 * e_loc * 3 * inter * hidden
+        expert_bytes = (e_loc * 3 * inter * hidden + 4 * e_loc * 3 * (inter // FP8_BLOCK) * (hidden // FP8_BLOCK)
+                        if fp8 else 2 * e_loc * 3 * inter * hidden)
+        need = {"weights": 4 * num_experts * (hidden + 1) + expert_bytes
                 + (2 * 3 * shared_inter * hidden + 4 * hidden if shared_inter else 0)}
         if backend == "kernel" and kernel is None:
             need.update(workspace_bytes(
@@ -198,7 +227,7 @@ class WeaveMoE(torch.nn.Module):
                 max_tokens=max_tokens, shared_inter=shared_inter,
                 num_ctas=kernel_kwargs.get("num_ctas") or torch.cuda.get_device_properties(dev).multi_processor_count,
                 timeline_per_cta=kernel_kwargs.get("timeline_per_cta", 0),
-                recv_capacity=kernel_kwargs.get("recv_capacity")))
+                recv_capacity=kernel_kwargs.get("recv_capacity"), expert_dtype=expert_dtype))
         need["total"] = sum(v for k, v in need.items() if k != "total")
         check_fits(need, dev, group=group, distributed=distributed, world=self.world, rank=self.rank,
                    what="this MoE block's weights and buffers",
@@ -210,8 +239,18 @@ class WeaveMoE(torch.nn.Module):
                                                 **frozen)
         self.score_bias = torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=dev), **frozen) \
             if score_bias else None
-        self.w13 = torch.nn.Parameter(torch.zeros(e_loc, 2 * inter, hidden, **bf), **frozen)
-        self.w2 = torch.nn.Parameter(torch.zeros(e_loc, hidden, inter, **bf), **frozen)
+        self.w13 = self.w2 = self.w13_q = self.w13_s = self.w2_q = self.w2_s = None
+        if fp8:  # e4m3 weights and their fp32 scales per 128 x 128 block (fp8.check_fp8_weights' layout)
+            from .fp8 import FP8, BLOCK
+
+            f8, f32 = dict(dtype=FP8, device=dev), dict(dtype=torch.float32, device=dev)
+            self.w13_q = torch.nn.Parameter(torch.zeros(e_loc, 2 * inter, hidden, **f8), **frozen)
+            self.w13_s = torch.nn.Parameter(torch.ones(e_loc, 2 * inter // BLOCK, hidden // BLOCK, **f32), **frozen)
+            self.w2_q = torch.nn.Parameter(torch.zeros(e_loc, hidden, inter, **f8), **frozen)
+            self.w2_s = torch.nn.Parameter(torch.ones(e_loc, hidden // BLOCK, inter // BLOCK, **f32), **frozen)
+        else:
+            self.w13 = torch.nn.Parameter(torch.zeros(e_loc, 2 * inter, hidden, **bf), **frozen)
+            self.w2 = torch.nn.Parameter(torch.zeros(e_loc, hidden, inter, **bf), **frozen)
         self.w13s = self.w2s = self.shared_gate = None
         if shared_inter:
             self.w13s = torch.nn.Parameter(torch.zeros(2 * shared_inter, hidden, **bf), **frozen)
@@ -227,12 +266,13 @@ class WeaveMoE(torch.nn.Module):
                                 f"the block (or MoEMegakernel) that builds it, not to the blocks that share it")
             self.layer = check_shared_kernel(kernel, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                              max_tokens=max_tokens, shared_inter=shared_inter,
-                                             placement=self.placement, world=self.world, group=group, device=dev)
+                                             placement=self.placement, world=self.world, group=group, device=dev,
+                                             expert_dtype=expert_dtype)
             parse_policy(policy, self.layer.num_ctas)
         elif backend == "kernel":
             self.layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                        placement=self.placement, max_tokens=max_tokens, group=group, device=dev,
-                                       shared_inter=shared_inter, **kernel_kwargs)
+                                       shared_inter=shared_inter, expert_dtype=expert_dtype, **kernel_kwargs)
             parse_policy(policy, self.layer.num_ctas)
         self._owner = torch.as_tensor(self.placement.owner)
         self._local_index = torch.as_tensor(self.placement.local_index())
@@ -256,9 +296,72 @@ class WeaveMoE(torch.nn.Module):
         E, H, I = self.num_experts, self.hidden, self.inter
         g, u, d = (_stack(t, n, s) for t, n, s in ((gate_proj, "gate_proj", (E, I, H)), (up_proj, "up_proj", (E, I, H)),
                                                     (down_proj, "down_proj", (E, H, I))))
+        if self.fp8:
+            self._quantize_experts(g, u, d)
+            return
         idx = torch.as_tensor(self.local, device=g.device)
         self.w13.copy_(torch.cat([g[idx], u[idx]], dim=1))
         self.w2.copy_(d[idx])
+
+    def _quantize_experts(self, g, u, d) -> None:
+        """FP8 blocks' load_experts: this rank's experts quantized on the block's device, one expert at a time (an
+        fp32 copy of one expert at most), all of them before any is stored."""
+        from .fp8 import quantize_weight
+
+        dev = self.w13_q.device
+        parts = []
+        for e in self.local:
+            try:
+                parts.append((*quantize_weight(torch.cat([g[e], u[e]]).to(dev)), *quantize_weight(d[e].to(dev))))
+            except ValueError as err:  # non-finite values
+                raise ValueError(f"load_experts: expert {e}: {err}") from None
+        for t, j in ((self.w13_q, 0), (self.w13_s, 1), (self.w2_q, 2), (self.w2_s, 3)):
+            t.copy_(torch.stack([p[j] for p in parts]))
+
+    @torch.no_grad()
+    def load_experts_fp8(self, gate_proj, up_proj, down_proj, gate_scale, up_scale, down_scale) -> None:
+        """FP8 blocks: all E experts' e4m3 weights and their DeepSeek-V3 `weight_scale_inv` block scales in global
+        order, each stacked [E, ...] or a list of E, stored as they are (no requantization): gate_proj / up_proj
+        [I, H] and down_proj [H, I] float8_e4m3fn; gate_scale / up_scale [I/128, H/128] and down_scale
+        [H/128, I/128] (value = q * scale per 128 x 128 block; float32, or bf16 / fp16, widened exactly), finite.
+        This rank keeps its local experts. Everything is checked before anything is copied."""
+        from .fp8 import BLOCK, FP8
+
+        if not self.fp8:
+            raise ValueError("load_experts_fp8 is for blocks built with expert_dtype='fp8'; this block's experts are "
+                             "bf16: pass bf16 weights to load_experts (fp8.dequant_weight dequantizes e4m3 ones)")
+        E, H, I, B = self.num_experts, self.hidden, self.inter, BLOCK
+        specs = (("gate_proj", gate_proj, (E, I, H)), ("up_proj", up_proj, (E, I, H)),
+                 ("down_proj", down_proj, (E, H, I)), ("gate_scale", gate_scale, (E, I // B, H // B)),
+                 ("up_scale", up_scale, (E, I // B, H // B)), ("down_scale", down_scale, (E, H // B, I // B)))
+        got = []
+        for n, (name, t, shape) in enumerate(specs):
+            if isinstance(t, (list, tuple)):
+                bad = sorted({str(x.dtype) for x in t if isinstance(x, torch.Tensor)} - {str(FP8)}) if n < 3 else []
+                if bad:  # before torch.stack would promote a mix of dtypes
+                    raise ValueError(f"{name} must be {FP8} (e4m3 weights), got a list holding {', '.join(bad)}")
+            st = _stack(t, name, shape)
+            if n < 3 and st.dtype != FP8:
+                raise ValueError(f"{name} must be {FP8} (e4m3 weights; load_experts quantizes bf16 ones), got "
+                                 f"{st.dtype}")
+            if n >= 3:
+                if st.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    raise ValueError(f"{name} must be float32 block scales (weight_scale_inv), got {st.dtype}")
+                if not bool(torch.isfinite(st).all()):
+                    raise ValueError(f"{name} has non-finite values")
+            got.append(st)
+        g, u, d, gs, us, ds = got
+        idx = self.local
+        self.w13_q.copy_(torch.cat([g[idx], u[idx]], dim=1))
+        self.w13_s.copy_(torch.cat([gs[idx], us[idx]], dim=1))
+        self.w2_q.copy_(d[idx])
+        self.w2_s.copy_(ds[idx])
+
+    def expert_weights(self) -> tuple:
+        """(w13, w2) as the layer takes them: bf16 tensors, or (FP8) the (e4m3, scales) pairs."""
+        if self.fp8:
+            return (self.w13_q, self.w13_s), (self.w2_q, self.w2_s)
+        return self.w13, self.w2
 
     @torch.no_grad()
     def load_shared(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
@@ -332,6 +435,8 @@ class WeaveMoE(torch.nn.Module):
         if x.dtype != torch.bfloat16:
             raise TypeError(f"x must be bf16 (the kernel's dtype), got {x.dtype}")
         flat = x.reshape(-1, self.hidden).contiguous()
+        if self.fp8 and flat.data_ptr() % 16:  # the FP8 kernel reads x in 16-byte pieces
+            flat = flat.clone()
         ids, w = self.route(flat)
         shared = (self.w13s, self.w2s) if self.w13s is not None else None
         scale = torch.sigmoid(flat.float() @ self.shared_gate.t()).squeeze(1).contiguous() \
@@ -340,10 +445,12 @@ class WeaveMoE(torch.nn.Module):
             self._check_kernel_placement()
             y = self._kernel_call(flat, ids, w, shared, scale)
         else:  # the kernel's per-call contract, so code tested here runs on the kernel backend unchanged
-            check_layer_inputs(flat, ids, w, self.w13, self.w2, hidden=self.hidden, inter=self.inter,
+            w13, w2 = self.expert_weights()
+            check_layer_inputs(flat, ids, w, w13, w2, hidden=self.hidden, inter=self.inter,
                                num_experts=self.num_experts, num_local_experts=len(self.local), top_k=self.top_k,
-                               max_tokens=self.max_tokens, device=self.w13.device, check_ids=self.check)
-            y = ep_moe_reference(flat, ids, w, self.w13, self.w2, self._owner, self._local_index, group=self.group,
+                               max_tokens=self.max_tokens, device=self.router_weight.device, check_ids=self.check,
+                               fp8=self.fp8)
+            y = ep_moe_reference(flat, ids, w, w13, w2, self._owner, self._local_index, group=self.group,
                                  shared=shared, shared_scale=scale)
         return y.reshape(x.shape)
 
@@ -365,7 +472,7 @@ class WeaveMoE(torch.nn.Module):
         from .megakernel import ReceiveOverflow
 
         try:
-            return self.layer(x, ids, w, self.w13, self.w2, policy=self.policy, shared=shared,
+            return self.layer(x, ids, w, *self.expert_weights(), policy=self.policy, shared=shared,
                               shared_order=self.shared_order, shared_scale=scale, check=self.check)
         except ReceiveOverflow:
             if self.on_overflow != "split" or depth >= 16:
@@ -383,7 +490,7 @@ class WeaveMoE(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, inter={self.inter}, experts={self.num_experts} ({len(self.local)} here), "
                 f"top_k={self.top_k}, scoring={self.scoring}, shared_inter={self.shared_inter}, backend={self.backend}, "
-                f"policy={self.policy}")
+                f"policy={self.policy}, expert_dtype={self.expert_dtype}")
 
 
 def _same_placement(a, b, world: int) -> bool:
@@ -392,7 +499,7 @@ def _same_placement(a, b, world: int) -> bool:
 
 
 def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, top_k: int, max_tokens: int,
-                        shared_inter: int, placement, world: int, group, device):
+                        shared_inter: int, placement, world: int, group, device, expert_dtype: str = "bf16"):
     """The MoEMegakernel of `kernel` (a MoEMegakernel, or a WeaveMoE on the kernel backend) if a block of this geometry
     can run on it (WeaveMoE's kernel=), else a ValueError naming what differs."""
     if isinstance(kernel, WeaveMoE):
@@ -410,6 +517,9 @@ def check_shared_kernel(kernel, *, hidden: int, inter: int, num_experts: int, to
     diff = [f"{k} {have[k]} (this block: {want[k]})" for k in want if have[k] != want[k]]
     if shared_inter and kernel.shared_inter != shared_inter:
         diff.append(f"shared_inter {kernel.shared_inter} (this block: {shared_inter})")
+    kernel_dtype = "fp8" if getattr(kernel, "fp8", False) else "bf16"
+    if kernel_dtype != expert_dtype:
+        diff.append(f"expert_dtype {kernel_dtype!r} (this block: {expert_dtype!r})")
     if diff:
         raise ValueError(f"kernel= was built for another geometry: {', '.join(diff)}")
     def world_if_none(g):  # group=None means the default group

@@ -10,7 +10,10 @@ Two functions:
 - `moe_reference`: one process, all experts, fp32: the correctness oracle.
 - `ep_moe_reference`: the expert-parallel layer as SGLang-style serving runs it with no overlap: NCCL
   `all_to_all_single` for dispatch and combine, `torch._grouped_mm` for the experts (a loop of matmuls where
-  grouped_mm is unavailable, e.g. on CPU). Baseline (a) of the benchmark.
+  grouped_mm is unavailable, e.g. on CPU). Baseline (a) of the benchmark. With FP8 experts (w13 and w2 given as
+  (e4m3 weights, fp32 block scales) pairs, weave_kernel/fp8.py) it computes what the FP8 megakernel does:
+  `grouped_ffn_fp8`, x and h quantized per (row, 128 columns), fp32 GEMMs on the dequantized operands, expert rows
+  rounded to bf16 and combined in fp32 in the order j = 0..k-1, as fp8.moe_reference_fp8 does over all experts.
 """
 from __future__ import annotations
 
@@ -83,6 +86,37 @@ def grouped_ffn(xs: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: t
     return out
 
 
+def grouped_ffn_fp8(xd: torch.Tensor, counts: torch.Tensor, w13, w2) -> torch.Tensor:
+    """The FP8 experts' SwiGLU FFN over rows grouped by local expert, as the FP8 megakernel computes it.
+
+    xd: [R, H] float32 rows already quantized per 128 columns and dequantized (fp8.dequant_act), sorted by local
+    expert; counts: [E_loc] rows per local expert; w13 = (q [E_loc, 2I, H] e4m3, s [E_loc, 2I/128, H/128] fp32),
+    w2 = (q [E_loc, H, I], s [E_loc, H/128, I/128]). Per expert: gu = xd @ W13d^T (fp32), h = g / (1 + exp(-g)) * u,
+    h quantized per 128 columns and dequantized, o = hd @ W2d^T; returns o rounded to bf16 [R, H] (the kernel's
+    expert rows), the operations of fp8.moe_reference_fp8 row for row. Non-finite values give NaN rows (as in the
+    kernel), not an error.
+    """
+    from .fp8 import _quantize_act, dequant_act, dequant_weight
+
+    (w13_q, w13_s), (w2_q, w2_s) = w13, w2
+    inter = w13_q.shape[1] // 2
+    out = torch.empty(xd.shape[0], w2_q.shape[1], dtype=torch.bfloat16, device=xd.device)
+    start = 0
+    for le, n in enumerate(counts.tolist()):
+        if n:
+            gu = xd[start : start + n] @ dequant_weight(w13_q[le], w13_s[le]).t()
+            g, u = gu[:, :inter], gu[:, inter:]
+            h = g / (1 + torch.exp(-g)) * u
+            o = dequant_act(*_quantize_act(h)) @ dequant_weight(w2_q[le], w2_s[le]).t()
+            out[start : start + n] = o.to(torch.bfloat16)
+        start += n
+    return out
+
+
+def _is_pair(w) -> bool:
+    return isinstance(w, (tuple, list))
+
+
 def ep_moe_reference(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -104,8 +138,18 @@ def ep_moe_reference(
     shared: None or the shared expert's (w13s [2Is, H], w2s [H, Is]), run on this rank's tokens after the routed
     experts (dense matmuls, no overlap) and added, weighted per token by shared_scale [N] if given.
     Returns y [N, H] in x's dtype (accumulated in fp32).
+
+    FP8 experts: w13_local = (q [E_loc, 2I, H] e4m3, s [E_loc, 2I/128, H/128] fp32) and w2_local = (q, s) likewise
+    (fp8.check_fp8_weights). Each rank quantizes its x per (row, 128 columns) and sends the e4m3 rows with their
+    scales, the owners run grouped_ffn_fp8 and send back bf16 rows, and each token sums its k rows in fp32 in the
+    order j = 0..k-1 (fp8.moe_reference_fp8's semantics, which the FP8 megakernel reproduces). No shared expert.
     """
     import torch.distributed as dist
+
+    fp8 = _is_pair(w13_local)
+    if fp8 and shared is not None:
+        raise ValueError("FP8 experts run without a shared expert (as the FP8 megakernel does)")
+    num_local = (w13_local[0] if fp8 else w13_local).shape[0]
 
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     world = dist.get_world_size(group) if distributed else 1
@@ -115,24 +159,38 @@ def ep_moe_reference(
     local_index = expert_local_index.to(dev)
     flat_ids = topk_ids.reshape(-1).long()
     dest = owner[flat_ids]
-    order = torch.argsort(dest * w13_local.shape[0] + local_index[flat_ids], stable=True)
+    order = torch.argsort(dest * num_local + local_index[flat_ids], stable=True)
     send_counts = torch.bincount(dest, minlength=world)
     token_of_pair = torch.arange(n, device=dev).repeat_interleave(k)
-    send_x = x[token_of_pair[order]]
+    if fp8:  # the rows travel in e4m3 (as bytes) with their scales, as the kernel sends them
+        from .fp8 import _quantize_act, dequant_act
+
+        xq, xs = _quantize_act(x)
+        send = [xq.view(torch.uint8)[token_of_pair[order]], xs[token_of_pair[order]]]
+    else:
+        send = [x[token_of_pair[order]]]
     send_le = local_index[flat_ids[order]]
+    send_x = send[0]
     if distributed:
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=group)
         send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()  # host sync, as SGLang does
-        recv_x = x.new_empty(sum(recv_splits), x.shape[1])
-        dist.all_to_all_single(recv_x, send_x, recv_splits, send_splits, group=group)
+        recv = []
+        for t in send:
+            r = t.new_empty(sum(recv_splits), t.shape[1])
+            dist.all_to_all_single(r, t, recv_splits, send_splits, group=group)
+            recv.append(r)
         recv_le = send_le.new_empty(sum(recv_splits))
         dist.all_to_all_single(recv_le, send_le, recv_splits, send_splits, group=group)
     else:
-        recv_x, recv_le = send_x, send_le
+        recv, recv_le = send, send_le
     le_order = torch.argsort(recv_le, stable=True)
-    counts = torch.bincount(recv_le, minlength=w13_local.shape[0])
-    out_sorted = grouped_ffn(recv_x[le_order], counts, w13_local, w2_local)
+    counts = torch.bincount(recv_le, minlength=num_local)
+    if fp8:
+        rows = dequant_act(recv[0][le_order].view(torch.float8_e4m3fn), recv[1][le_order])
+        out_sorted = grouped_ffn_fp8(rows, counts, w13_local, w2_local)
+    else:
+        out_sorted = grouped_ffn(recv[0][le_order], counts, w13_local, w2_local)
     out = torch.empty_like(out_sorted)
     out[le_order] = out_sorted
     if distributed:
@@ -142,6 +200,12 @@ def ep_moe_reference(
         back = out
     per_pair = torch.empty_like(back)
     per_pair[order] = back
+    if fp8:  # fp32, j = 0..k-1 in order (fp8.moe_reference_fp8)
+        o, w = per_pair.view(n, k, x.shape[1]).float(), topk_weights.float()
+        y = torch.zeros(n, x.shape[1], dtype=torch.float32, device=dev)
+        for j in range(k):
+            y += w[:, j, None] * o[:, j]
+        return y.to(x.dtype)
     y = (per_pair.view(n, k, x.shape[1]).float() * topk_weights.float().unsqueeze(-1)).sum(1)
     if shared is not None:
         ys = shared_ffn(x, shared[0], shared[1]).float()
