@@ -198,3 +198,16 @@ def moe_reference_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     for j in range(k):
         y += w[:, j, None] * o[:, j]
     return y.to(torch.bfloat16)
+
+
+def shared_ffn_fp8(x: torch.Tensor, w13s, w2s) -> torch.Tensor:
+    """The shared expert of an FP8 layer on every row of x [N, H], as the megakernel computes it: x quantized per 128
+    columns, GEMM0 on the dequantized operands in fp32, h = silu(gate) * up quantized again, GEMM1, fp32 [N, H] (the
+    kernel rounds it to bf16 before adding it in the reduction). w13s = (q [2Is, H], s [2Is/128, H/128]), w2s = (q [H,
+    Is], s [H/128, Is/128])."""
+    xd = dequant_act(*quantize_act(x))
+    gu = xd @ dequant_weight(*w13s).t()
+    i = gu.shape[1] // 2
+    g, u = gu[:, :i], gu[:, i:]
+    h = g / (1.0 + torch.exp(-g)) * u
+    return dequant_act(*quantize_act(h)) @ dequant_weight(*w2s).t()

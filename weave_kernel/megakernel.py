@@ -13,8 +13,9 @@ w2 [E_loc, H, I] bf16 (this rank's experts, local order = placement.local_expert
 
 FP8 experts (`expert_dtype="fp8"`, weave_kernel/fp8.py): w13 and w2 are pairs (e4m3 weights, fp32 scales per 128 x 128
 block), e.g. from `fp8.quantize_experts`; x stays bf16, and the kernel quantizes it per (row, 128 columns) as
-fp8.quantize_act does, dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. Not with a shared
-expert or bulk dispatch (docs/kernel.md, "FP8 experts in the layer").
+fp8.quantize_act does, dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. A shared
+expert is FP8 too: shared=((w13s_q [2Is, H], w13s_s [2Is/128, H/128]), (w2s_q [H, Is], w2s_s [H/128, Is/128])).
+Not with bulk dispatch (docs/kernel.md, "FP8 experts in the layer").
 
 A shared expert (always on, this rank's own tokens; no dispatch, no combine) is computed inside the same launch when
 the layer is built with `shared_inter=Is` and called with `shared=(w13s [2Is, H], w2s [H, Is])`: its tiles take the
@@ -184,8 +185,8 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
     object did allocate; the GPU tests check that the two agree. expert_dtype "fp8": h in e4m3 with its scales,
     the received rows' scales, and the quantized x with its scales ("other")."""
     fp8 = check_expert_dtype(expert_dtype) == "fp8"
-    if fp8 and (hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter):
-        raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} and no shared expert, got "
+    if fp8 and (hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter % FP8_BLOCK):
+        raise ValueError(f"FP8 experts need hidden, inter and shared_inter multiples of {FP8_BLOCK}, got "
                          f"hidden {hidden}, inter {inter}, shared_inter {shared_inter}")
     plan = plan_buffers(hidden, num_experts, top_k, world, max_tokens, recv_capacity, fp8)
     ns = max_tokens if shared_inter else 1
@@ -204,7 +205,8 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
                else 2 * plan.recv_cap_rows * inter)
     parts = {"symmetric": plan.total_bytes,
              "h": h_bytes,
-             "shared": 2 * ns * max(1, shared_inter) + 2 * ns * hidden + 4 * 2 * shared_blocks,
+             "shared": ((ns * max(1, shared_inter) + 4 * ns * fp8_scale_stride(shared_inter) if fp8 and shared_inter
+                         else 2 * ns * max(1, shared_inter)) + 2 * ns * hidden + 4 * 2 * shared_blocks),
              "other": other}
     parts["total"] = sum(parts.values())
     return parts
@@ -258,7 +260,7 @@ class MoEMegakernel:
     """The persistent cross-GPU MoE layer on one rank. Construction is collective over `group`."""
 
     fp8 = False  # expert_dtype "fp8" (set by __init__)
-    h_scale = x_q = x_s = None  # FP8 only: h's scales, x quantized and its scales
+    h_scale = x_q = x_s = hs_scale = None  # FP8 only: h's scales, x quantized and its scales, hs's scales
 
     def __init__(self, *, hidden: int, inter: int, num_experts: int, top_k: int, placement, max_tokens: int,
                  group=None, device=None, timeout_s: float = DEFAULT_TIMEOUT_S, timeline_per_cta: int = 0,
@@ -279,7 +281,7 @@ class MoEMegakernel:
         2 x max_tokens x top_k holds twice a balanced load. A call whose routing sends some rank more raises
         ReceiveOverflow on every rank before any row moves; with check=True (or VirtualRanks' check) the layer
         stays usable, so the caller can split the batch and call again.
-        `expert_dtype`: "bf16", or "fp8" (module docstring): hidden and inter multiples of 128, no shared expert,
+        `expert_dtype`: "bf16", or "fp8" (module docstring): hidden, inter and shared_inter multiples of 128,
         dispatch "threads"."""
         import torch.distributed as dist
 
@@ -300,11 +302,9 @@ class MoEMegakernel:
         check_geometry(hidden, inter, num_experts, top_k, self.world, placement.num_gpus, shared_inter)
         self.fp8 = check_expert_dtype(expert_dtype) == "fp8"
         if self.fp8:
-            if hidden % FP8_BLOCK or inter % FP8_BLOCK:
-                raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} (their scale blocks), "
-                                 f"got hidden {hidden}, inter {inter}")
-            if shared_inter:
-                raise ValueError("FP8 experts are built without a shared expert (shared_inter must be 0)")
+            if hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter % FP8_BLOCK:
+                raise ValueError(f"FP8 experts need hidden, inter and shared_inter multiples of {FP8_BLOCK} (their "
+                                 f"scale blocks), got hidden {hidden}, inter {inter}, shared_inter {shared_inter}")
             if dispatch != "threads":
                 raise ValueError("FP8 experts dispatch by threads (dispatch='threads'), not by bulk copies")
         if placement.num_experts != num_experts:
@@ -361,7 +361,11 @@ class MoEMegakernel:
         self.shared_inter = int(shared_inter)
         self.max_shared_blocks = (max_tokens + BLOCK_M - 1) // BLOCK_M
         ns = max_tokens if self.shared_inter else 1
-        self.hs = torch.empty(ns * max(1, self.shared_inter), dtype=torch.bfloat16, device=dev)
+        if self.fp8 and self.shared_inter:  # the shared expert's h in e4m3 with its scales
+            self.hs = torch.empty(ns * self.shared_inter, dtype=torch.uint8, device=dev)
+            self.hs_scale = torch.empty(ns * fp8_scale_stride(self.shared_inter), dtype=torch.float32, device=dev)
+        else:
+            self.hs = torch.empty(ns * max(1, self.shared_inter), dtype=torch.bfloat16, device=dev)
         self.ys = torch.empty(ns * hidden, dtype=torch.bfloat16, device=dev)
         self.g0s_done = torch.zeros(2 * self.max_shared_blocks, **i32)
         self.grid_bar = torch.zeros(2, **i32)
@@ -399,7 +403,7 @@ class MoEMegakernel:
         nb = lambda *ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
         f8 = (self.x_q, self.x_s) if self.fp8 else ()
         parts = {"symmetric": nb(self.symm), "h": nb(self.h, *((self.h_scale,) if self.fp8 else ())),
-                 "shared": nb(self.hs, self.ys, self.g0s_done),
+                 "shared": nb(self.hs, self.ys, self.g0s_done, *((self.hs_scale,) if self.hs_scale is not None else ())),
                  "other": nb(self.expert_ctr, self.pair_slot, self.sorted_pair, self.g0_done, self.sched,
                              self.grid_bar, self.err, self.timeline, self.timeline_count, self.cost_table,
                              self.choice, self.epoch_ctr, self.expert_owner, self.owner_experts, self.peer_base, *f8)}
@@ -458,7 +462,8 @@ class MoEMegakernel:
         syncs); benchmarks pass check=False and call `raise_if_error()` once at the end.
         out: optional [N, H] bf16 contiguous output tensor (tests poison it first).
         shared: None, or the shared expert's (w13s [2Is, H], w2s [H, Is]) bf16 weights (the layer built with
-        shared_inter=Is); shared_order: "first" or "last", where its tiles sit in the tickets (module docstring).
+        shared_inter=Is; FP8 layers: two (e4m3, scales) pairs, module docstring); shared_order: "first" or "last",
+        where its tiles sit in the tickets (module docstring).
 
         The call can be captured in a CUDA graph (torch.cuda.graph) with check=False: every rank captures the
         same calls and replays them the same number of times; the replays read the captured tensors (copy new
@@ -479,7 +484,7 @@ class MoEMegakernel:
                 raise ValueError("shared= needs the layer built with shared_inter > 0 (the shared expert's width)")
             if not isinstance(shared, (tuple, list)) or len(shared) != 2:
                 raise ValueError("shared must be a pair (w13s [2*Is, H], w2s [H, Is])")
-            check_shared_weights(shared[0], shared[1], hidden=self.hidden, inter_shared=self.shared_inter,
+            check_shared_weights(shared[0], shared[1], hidden=self.hidden, inter_shared=self.shared_inter, fp8=self.fp8,
                                  device=self.device)
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
@@ -538,12 +543,15 @@ class MoEMegakernel:
             self._launcher_key = key
         sh = shared is not None
         xp, w13p, w2p, xs, w13s, w2s = self._operand_ptrs(x, w13, w2)
-        # (extensions from sources before FP8 experts, e.g. bench --ab-csrc's, take three arguments fewer)
-        f8 = (xs, w13s, w2s) if getattr(self.ext, "fp8_experts", 0) else ()
+        # (extensions from sources before FP8 experts, e.g. bench --ab-csrc's, take five arguments fewer; those before
+        # FP8 shared experts two)
+        version = getattr(self.ext, "fp8_experts", 0)
+        s13, s2, ss13, ss2 = self._shared_ptrs(shared)
+        f8 = (xs, w13s, w2s, ss13, ss2) if version >= 2 else (xs, w13s, w2s) if version == 1 else ()
         self._launcher.launch(
             xp, ids.data_ptr(), tw.data_ptr(), w13p, w2p, y.data_ptr(), x.shape[0],
             pol.policy_id, pol.num_comm_ctas, int(pol.steal), self.timeline.data_ptr() if record_timeline else 0,
-            shared[0].data_ptr() if sh else 0, shared[1].data_ptr() if sh else 0,
+            s13, s2,
             shared_scale.data_ptr() if sh and shared_scale is not None else 0, self.shared_inter if sh else 0,
             int(shared_order == "first"), *f8, stream)
 
@@ -555,6 +563,15 @@ class MoEMegakernel:
             return x.data_ptr(), w13.data_ptr(), w2.data_ptr(), 0, 0, 0
         return (x.data_ptr(), w13[0].data_ptr(), w2[0].data_ptr(), self.x_s.data_ptr(), w13[1].data_ptr(),
                 w2[1].data_ptr())
+
+    def _shared_ptrs(self, shared) -> tuple[int, int, int, int]:
+        """(w13s, w2s, w13s_scale, w2s_scale) addresses of a call's shared expert (zeros without one; bf16: no
+        scales)."""
+        if shared is None:
+            return 0, 0, 0, 0
+        if not self.fp8:
+            return shared[0].data_ptr(), shared[1].data_ptr(), 0, 0
+        return shared[0][0].data_ptr(), shared[1][0].data_ptr(), shared[0][1].data_ptr(), shared[1][1].data_ptr()
 
     def quantized_x(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """FP8 layers: this rank's last n rows as the kernel quantized them, (e4m3 [n, H], scales fp32 [n, H / 128])
@@ -576,8 +593,9 @@ class MoEMegakernel:
             "fp8": int(fp8), "x_q": self.x_q.data_ptr() if fp8 else 0, "x_scale": xs, "w13_scale": w13s_, "w2_scale": w2s_,
             "off_recv_xs": pl.off_recv_xs, "h_scale": self.h_scale.data_ptr() if fp8 else 0,
             "shared_scale": shared_scale.data_ptr() if shared is not None and shared_scale is not None else 0,
-            "w13s": shared[0].data_ptr() if shared is not None else 0,
-            "w2s": shared[1].data_ptr() if shared is not None else 0,
+            "w13s": self._shared_ptrs(shared)[0], "w2s": self._shared_ptrs(shared)[1],
+            "w13s_scale": self._shared_ptrs(shared)[2], "w2s_scale": self._shared_ptrs(shared)[3],
+            "hs_scale": self.hs_scale.data_ptr() if self.hs_scale is not None else 0,
             "hs": self.hs.data_ptr(), "ys": self.ys.data_ptr(), "g0s_done": self.g0s_done.data_ptr(),
             "inter_shared": self.shared_inter if shared is not None else 0,
             "shared_first": int(shared_order == "first"), "max_shared_blocks": self.max_shared_blocks,
@@ -632,6 +650,11 @@ class MoEMegakernel:
             self.h_scale.fill_(float("nan"))
             self.x_q.fill_(0xFF)  # the kernel quantizes x into these before anything reads them
             self.x_s.fill_(float("nan"))
+            if self.hs_scale is not None:
+                self.hs.fill_(0xFF)
+                self.hs_scale.fill_(float("nan"))
+                self.ys.fill_(float("nan"))
+                return
         else:
             self.h.fill_(float("nan"))
         self.hs.fill_(float("nan"))

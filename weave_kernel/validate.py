@@ -25,10 +25,19 @@ def _tensor(name: str, t, dtypes: tuple, shape: tuple, device) -> None:
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
 
 
-def check_shared_weights(w13s, w2s, *, hidden: int, inter_shared: int, device=None) -> None:
-    """The shared expert's weights: w13s [2*Is, H] (gate rows, then up rows) and w2s [H, Is], bf16, contiguous."""
-    _tensor("w13s", w13s, (torch.bfloat16,), (2 * inter_shared, hidden), device)
-    _tensor("w2s", w2s, (torch.bfloat16,), (hidden, inter_shared), device)
+def check_shared_weights(w13s, w2s, *, hidden: int, inter_shared: int, device=None, fp8: bool = False) -> None:
+    """The shared expert's weights: w13s [2*Is, H] (gate rows, then up rows) and w2s [H, Is], bf16, contiguous; fp8:
+    each a pair (e4m3 weights, fp32 scales [rows / 128, columns / 128]) (weave_kernel/fp8.py)."""
+    if not fp8:
+        _tensor("w13s", w13s, (torch.bfloat16,), (2 * inter_shared, hidden), device)
+        _tensor("w2s", w2s, (torch.bfloat16,), (hidden, inter_shared), device)
+        return
+    for name, w, rows, cols in (("w13s", w13s, 2 * inter_shared, hidden), ("w2s", w2s, hidden, inter_shared)):
+        if not isinstance(w, (tuple, list)) or len(w) != 2:
+            raise ValueError(f"{name} of an FP8 layer must be a pair (e4m3 [{rows}, {cols}], fp32 scales "
+                             f"[{rows // 128}, {cols // 128}]), got {type(w).__name__}")
+        _tensor(f"{name} q", w[0], (torch.float8_e4m3fn,), (rows, cols), device)
+        _tensor(f"{name} scale", w[1], (torch.float32,), (rows // 128, cols // 128), device)
 
 
 def check_shared_scale(scale, num_tokens: int, device=None) -> None:

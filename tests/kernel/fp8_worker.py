@@ -24,9 +24,10 @@ import traceback
 
 import torch
 
-from weave_kernel.fp8 import dequant_weight, moe_reference_fp8, quantize_act, quantize_experts
+from weave_kernel.fp8 import (dequant_weight, moe_reference_fp8, quantize_act, quantize_experts, quantize_weight,
+                               shared_ffn_fp8)
 from weave_kernel.megakernel import MoEMegakernel
-from weave_kernel.reference import make_weights, moe_reference
+from weave_kernel.reference import make_shared_weights, make_weights, moe_reference
 from weave_kernel.routing import skewed_routing
 from weave_kernel.virtual import VirtualRanks
 from weave_sim.placement import contiguous
@@ -102,6 +103,43 @@ def case_real(name: str, *, hidden: int, inter: int, experts: int, top_k: int, t
               f"bit for bit ({qd} of {kq.numel()} codes, {sd} of {ks.numel()} scales differ)")
 
 
+def case_shared(name: str, *, hidden: int, inter: int, experts: int, top_k: int, shared_inter: int, tokens: list[int],
+                seed: int) -> None:
+    """An FP8 layer with an FP8 shared expert (DeepSeek-style): both ticket orders, with and without a per-token gate,
+    every policy, against moe_reference_fp8 + fp8.shared_ffn_fp8 (rounded to bf16, as the kernel's ys); the same
+    layer called without the shared expert in between."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w13b, w2b = make_weights(experts, hidden, inter, generator=g)
+    w13, w2 = quantize_experts(w13b.to(dev), w2b.to(dev))
+    s13, s2 = make_shared_weights(hidden, shared_inter, generator=g)
+    sw = (quantize_weight(s13.to(dev)), quantize_weight(s2.to(dev)))
+    layer = MoEMegakernel(hidden=hidden, inter=inter, num_experts=experts, top_k=top_k,
+                          placement=contiguous(experts, 1), max_tokens=max(tokens), device=dev, expert_dtype="fp8",
+                          shared_inter=shared_inter)
+    for n in tokens:
+        x = (torch.randn(n, hidden, generator=g) * 0.5).to(torch.bfloat16).to(dev)
+        ids, tw = routing(n, experts, top_k, seed + n, dev)
+        gate = torch.rand(n, generator=g).to(dev)
+        routed = moe_reference_fp8(x, ids, tw, w13, w2).float()
+        ys = shared_ffn_fp8(x, *sw).to(torch.bfloat16).float()
+        for order, sc in (("last", None), ("first", gate), (None, None)):
+            ref = routed if order is None else routed + (ys if sc is None else ys * sc[:, None])
+            first = None
+            for pol in POLICIES:
+                out = torch.full((n, hidden), float("nan"), dtype=torch.bfloat16, device=dev)
+                layer.poison_scratch()
+                torch.cuda.synchronize()
+                kw = {} if order is None else {"shared": sw, "shared_order": order, "shared_scale": sc}
+                y = layer(x, ids, tw, w13, w2, policy=pol, out=out, **kw)
+                torch.cuda.synchronize()
+                e = rel_err(y, ref)
+                same = first is None or torch.equal(y.view(torch.int16), first.view(torch.int16))
+                first = y.clone() if first is None else first
+                check(e <= TOL and same, f"{name} n={n} shared {order}{' gated' if sc is not None else ''} {pol}: "
+                      f"rel. err {e:.2e} vs fp8 reference; bits equal to {POLICIES[0]}: {same}")
+
+
 def case_virtual(world: int, *, hidden: int, inter: int, experts: int, top_k: int, seed: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -129,7 +167,7 @@ def case_virtual(world: int, *, hidden: int, inter: int, experts: int, top_k: in
 def refusals() -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     kw = dict(hidden=256, inter=256, num_experts=8, top_k=2, placement=contiguous(8, 1), max_tokens=64, device=dev)
-    for what, extra in (("a shared expert", dict(shared_inter=256)), ("bulk dispatch", dict(dispatch="bulk")),
+    for what, extra in (("a shared expert of width 192", dict(shared_inter=192)), ("bulk dispatch", dict(dispatch="bulk")),
                         ("hidden 320", dict(hidden=320)), ("dtype fp16", dict(expert_dtype="fp16"))):
         try:
             MoEMegakernel(**{**kw, "expert_dtype": "fp8", **extra})
@@ -232,6 +270,12 @@ def main() -> int:
             except Exception:  # noqa: BLE001 - every case reports
                 traceback.print_exc()
                 check(False, f"{name}: raised")
+        try:
+            case_shared("deepseek-v2-lite-like, FP8 shared expert", hidden=2048, inter=1408, experts=16, top_k=6,
+                        shared_inter=2816, tokens=[1, 300], seed=7)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            check(False, "shared expert case: raised")
         for world in (2, 4):
             try:
                 case_virtual(world, hidden=384, inter=256, experts=8, top_k=2, seed=10 + world)

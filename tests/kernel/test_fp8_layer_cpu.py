@@ -265,8 +265,10 @@ def test_fp8_layer_refusals_come_before_the_extension(no_extension):
         _layer(hidden=192)
     with pytest.raises(ValueError, match=r"multiples of 128 .* got hidden 256, inter 320"):
         _layer(inter=320)
-    with pytest.raises(ValueError, match=r"without a shared expert \(shared_inter must be 0\)"):
-        _layer(shared_inter=128)
+    with pytest.raises(ValueError, match=r"multiples of 128 .* shared_inter 192"):
+        _layer(shared_inter=192)
+    with pytest.raises(_Loaded):  # an FP8 shared expert of a width in 128s is fine
+        _layer(shared_inter=256)
     for d in ("bulk", "bulk:4"):
         with pytest.raises(ValueError, match=r"FP8 experts dispatch by threads"):
             _layer(dispatch=d)
@@ -364,7 +366,7 @@ def test_launcher_of_an_fp8_layer_gets_the_scales_in_signature_order(monkeypatch
     binding = (CSRC / "binding.cpp").read_text()
     sig = re.search(r"void launch\(uint64_t x,(.*?)\) \{", binding, re.S).group(0)
     names = re.findall(r"(?:uint64_t|int32_t) (\w+)", sig)
-    assert names[-4:] == ["x_scale", "w13_scale", "w2_scale", "stream"]
+    assert names[-6:] == ["x_scale", "w13_scale", "w2_scale", "w13s_scale", "w2s_scale", "stream"]
     built, calls = [], []
 
     class _Launcher:
@@ -375,7 +377,7 @@ def test_launcher_of_an_fp8_layer_gets_the_scales_in_signature_order(monkeypatch
             calls.append(args)
 
     layer = _fake_layer(fp8=True)
-    layer.ext = type("Ext", (), {"Launcher": _Launcher, "fp8_experts": 1})()
+    layer.ext = type("Ext", (), {"Launcher": _Launcher, "fp8_experts": 2})()
     layer.symm = torch.zeros(8, dtype=torch.uint8)
     layer._launcher, layer._launcher_key = None, None
     monkeypatch.setattr(mk, "_current_raw_stream", lambda device: 4321)
@@ -433,3 +435,33 @@ def test_quantized_x_views_the_kernels_buffers():
     assert torch.equal(gq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(gs, s)
     with pytest.raises(ValueError, match="expert_dtype='fp8'"):
         _fake_layer(fp8=False).quantized_x(1)
+
+
+def test_an_fp8_shared_expert_in_params_and_its_checks():
+    """FP8 layers take the shared expert as two (e4m3, scales) pairs: their addresses and hs's scales go to the kernel
+    (w13s / w13s_scale, w2s / w2s_scale, hs_scale), and validate.check_shared_weights(fp8=True) names a bad one."""
+    from weave_kernel.fp8 import quantize_weight
+    from weave_kernel.validate import check_shared_weights
+
+    layer = _fake_layer(fp8=True)
+    layer.shared_inter = 256
+    layer.hs = torch.zeros(64 * 256, dtype=torch.uint8)
+    layer.hs_scale = torch.zeros(64 * mk.fp8_scale_stride(256))
+    x, ids, tw, w13, w2, y = _fp8_call_tensors(layer)
+    sw = (quantize_weight(torch.randn(512, 256)), quantize_weight(torch.randn(256, 256)))
+    d = layer._params(x, ids, tw, w13, w2, y, parse_policy("static:8", layer.num_ctas), False, shared=sw)
+    assert (d["w13s"], d["w13s_scale"], d["w2s"], d["w2s_scale"]) == (
+        sw[0][0].data_ptr(), sw[0][1].data_ptr(), sw[1][0].data_ptr(), sw[1][1].data_ptr())
+    assert d["hs_scale"] == layer.hs_scale.data_ptr() != 0 and d["inter_shared"] == 256
+    assert layer._shared_ptrs(None) == (0, 0, 0, 0)
+    check_shared_weights(*sw, hidden=256, inter_shared=256, fp8=True)
+    with pytest.raises(ValueError, match="w13s of an FP8 layer must be a pair"):
+        check_shared_weights(torch.zeros(512, 256, dtype=torch.bfloat16), sw[1], hidden=256, inter_shared=256, fp8=True)
+    with pytest.raises(ValueError, match=r"w2s scale must have shape \[2, 2\]"):
+        check_shared_weights(sw[0], (sw[1][0], torch.zeros(2, 3)), hidden=256, inter_shared=256, fp8=True)
+    with pytest.raises(TypeError, match="w13s q must have dtype"):
+        check_shared_weights((sw[0][1], sw[0][1]), sw[1], hidden=256, inter_shared=256, fp8=True)
+    # workspace_bytes counts the FP8 shared scratch: hs in e4m3 with its scales
+    kw = dict(hidden=256, inter=256, num_experts=8, top_k=2, world=2, max_tokens=64, shared_inter=256)
+    f8, bf = mk.workspace_bytes(**kw, expert_dtype="fp8"), mk.workspace_bytes(**kw)
+    assert bf["shared"] - f8["shared"] == 64 * 256 - 4 * 64 * mk.fp8_scale_stride(256)

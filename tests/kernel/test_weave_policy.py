@@ -127,7 +127,7 @@ def test_launcher_gets_the_calls_values_in_the_order_its_signature_names_them():
     binding = (CSRC / "binding.cpp").read_text()
     sig = re.search(r"void launch\(uint64_t x,(.*?)\) \{", binding, re.S).group(0)
     names = re.findall(r"(?:uint64_t|int32_t) (\w+)", sig)
-    assert names[0] == "x" and names[-1] == "stream" and len(names) == 20
+    assert names[0] == "x" and names[-1] == "stream" and len(names) == 22
     built, calls = [], []
 
     class _Launcher:
@@ -138,7 +138,7 @@ def test_launcher_gets_the_calls_values_in_the_order_its_signature_names_them():
             calls.append(args)
 
     layer = _fake_layer()
-    layer.ext = type("Ext", (), {"Launcher": _Launcher, "fp8_experts": 1})()
+    layer.ext = type("Ext", (), {"Launcher": _Launcher, "fp8_experts": 2})()
     layer.symm, layer.device = torch.zeros(8, dtype=torch.uint8), torch.device("cpu")
     layer.shared_inter, layer._launcher, layer._launcher_key = 128, None, None
     x = torch.zeros(10, 256, dtype=torch.bfloat16)

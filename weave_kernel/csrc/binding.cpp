@@ -105,6 +105,9 @@ weave::Params read_params(const py::dict& d, int* cooperative) {
   p.w2_scale = ptr<const float>(d, "w2_scale");
   p.off_recv_xs = get<int64_t>(d, "off_recv_xs");
   p.h_scale = ptr<float>(d, "h_scale");
+  p.w13s_scale = ptr<const float>(d, "w13s_scale");
+  p.w2s_scale = ptr<const float>(d, "w2s_scale");
+  p.hs_scale = ptr<float>(d, "hs_scale");
   *cooperative = get<int32_t>(d, "cooperative");
   return p;
 }
@@ -147,9 +150,10 @@ void check_params(const weave::Params& p) {
     throw std::invalid_argument("weave launch: num_ctas must be >= the world size");
   if (p.fp8 != 0 && p.fp8 != 1) throw std::invalid_argument("weave launch: fp8 must be 0 or 1");
   if (p.fp8) {
-    if (p.hidden % 128 || p.inter % 128)
-      throw std::invalid_argument("weave launch: FP8 experts need hidden and inter multiples of 128");
-    if (p.inter_shared > 0) throw std::invalid_argument("weave launch: FP8 experts are built without a shared expert");
+    if (p.hidden % 128 || p.inter % 128 || p.inter_shared % 128)
+      throw std::invalid_argument("weave launch: FP8 experts need hidden, inter and inter_shared multiples of 128");
+    if (p.inter_shared > 0 && (p.w13s_scale == nullptr || p.w2s_scale == nullptr || p.hs_scale == nullptr))
+      throw std::invalid_argument("weave launch: an FP8 shared expert needs w13s_scale, w2s_scale and hs_scale");
     if (p.dispatch_bulk != 0) throw std::invalid_argument("weave launch: FP8 experts dispatch by threads, not bulk copies");
     if (p.x_q == nullptr || p.x_scale == nullptr || p.w13_scale == nullptr || p.w2_scale == nullptr ||
         p.h_scale == nullptr || p.off_recv_xs <= 0)
@@ -185,7 +189,8 @@ class Launcher {
   void launch(uint64_t x, uint64_t topk_ids, uint64_t topk_weights, uint64_t w13, uint64_t w2, uint64_t y,
               int32_t num_tokens, int32_t policy, int32_t num_comm_ctas, int32_t steal, uint64_t timeline,
               uint64_t w13s, uint64_t w2s, uint64_t shared_scale, int32_t inter_shared, int32_t shared_first,
-              uint64_t x_scale, uint64_t w13_scale, uint64_t w2_scale, uint64_t stream) {
+              uint64_t x_scale, uint64_t w13_scale, uint64_t w2_scale, uint64_t w13s_scale, uint64_t w2s_scale,
+              uint64_t stream) {
     weave::Params& p = p_;
     p.x = as_ptr<const void>(x);
     p.topk_ids = as_ptr<const int32_t>(topk_ids);
@@ -206,6 +211,8 @@ class Launcher {
     p.x_scale = as_ptr<float>(x_scale);
     p.w13_scale = as_ptr<const float>(w13_scale);
     p.w2_scale = as_ptr<const float>(w2_scale);
+    p.w13s_scale = as_ptr<const float>(w13s_scale);
+    p.w2s_scale = as_ptr<const float>(w2s_scale);
     check_params(p);
     const bool routed = p.w13 != maps_w13_ || p.w2 != maps_w2_;
     const bool shared = inter_shared > 0 && (p.w13s != maps_w13s_ || p.w2s != maps_w2s_ || inter_shared != maps_is_);
@@ -232,7 +239,7 @@ class Launcher {
   const void* maps_w13s_ = nullptr;
   const void* maps_w2s_ = nullptr;
   int32_t maps_is_ = 0;
-  bool attr_set_[3] = {false, false, false};  // per kernel instantiation (launch.cu)
+  bool attr_set_[4] = {false, false, false, false};  // per kernel instantiation (launch.cu)
 };
 
 py::dict timeline_layout() {
@@ -370,7 +377,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("cost_table_len") = weave::cost_table::kLen;
   m.attr("cost_table_version") = weave::cost_table::kVersion;
   m.attr("choice_len") = static_cast<int>(weave::kChoiceLen);
-  m.attr("fp8_experts") = 1;  // Launcher.launch takes x_scale, w13_scale, w2_scale (builds before it: not)
+  m.attr("fp8_experts") = 2;  // Launcher.launch takes x_scale, w13_scale, w2_scale, w13s_scale, w2s_scale (2: FP8
+                              // shared experts too; builds before FP8: no attribute)
   m.def("calib_push", &calib_push, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
   m.def("calib_gemm", &calib_gemm, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));
   m.def("calib_claim", &calib_claim, py::arg("params"), py::arg("num_ctas"), py::arg("stream"));

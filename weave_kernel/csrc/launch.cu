@@ -12,14 +12,16 @@ constexpr int kStaticSmem = sizeof(weave::SharedLayout);
 // for several grids that must run at the same time on one GPU (virtual ranks, weave_kernel/virtual.py), which a
 // cooperative launch does not promise; the kernel's spins time out if a CTA never starts.
 // The kernel instantiation: with the shared expert's code only when the call has one, FP8 experts' tiles only
-// for FP8 layers (which have no shared expert: binding.cpp refuses it) (megakernel.cuh).
-constexpr int kInstances = 3;
+// for FP8 layers (megakernel.cuh). Instance = shared + 2 fp8.
+constexpr int kInstances = 4;
 static const void* kernel_for(bool shared, bool fp8) {
-  if (fp8) return reinterpret_cast<const void*>(&weave::weave_moe_kernel<false, true>);
+  if (fp8)
+    return shared ? reinterpret_cast<const void*>(&weave::weave_moe_kernel<true, true>)
+                  : reinterpret_cast<const void*>(&weave::weave_moe_kernel<false, true>);
   return shared ? reinterpret_cast<const void*>(&weave::weave_moe_kernel<true>)
                 : reinterpret_cast<const void*>(&weave::weave_moe_kernel<false>);
 }
-static int instance_of(const weave::Params& p) { return p.fp8 ? 2 : p.inter_shared > 0 ? 1 : 0; }
+static int instance_of(const weave::Params& p) { return (p.inter_shared > 0 ? 1 : 0) + (p.fp8 ? 2 : 0); }
 extern "C" int weave_moe_instance(const weave::Params* p) { return instance_of(*p); }
 
 // The TMA maps of the routed experts' weights (routed != 0: w13 [El][2I][H] as [2 El][I][H], z = 2 le + half;
@@ -35,9 +37,9 @@ extern "C" int weave_moe_encode_maps(weave::Params* p, int routed, int shared) {
     if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2, p->w2, I, p->hidden, El);
   }
   if (rc == 0 && shared && p->inter_shared > 0) {
-    const uint64_t Is = p->inter_shared;  // (bf16 only)
+    const uint64_t Is = p->inter_shared;
     rc = weave::encode_weight_map(&p->tmap_w13s, p->w13s, H, Is, 2);
-    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2s, p->w2s, Is, H, 1);
+    if (rc == 0) rc = weave::encode_weight_map(&p->tmap_w2s, p->w2s, Is / div, p->hidden, 1);
   }
   return rc;
 }
@@ -81,7 +83,7 @@ extern "C" int weave_moe_launch(const weave::Params* params, void* stream, int c
 extern "C" int weave_moe_max_ctas(int device) {
   int per_sm = 1 << 30, sms = 0;
   for (int inst = 0; inst < kInstances; ++inst) {
-    const void* fn = kernel_for(inst == 1, inst == 2);
+    const void* fn = kernel_for(inst & 1, inst & 2);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, weave::Config::kSmemDynamic) !=
         cudaSuccess)
       return -1;

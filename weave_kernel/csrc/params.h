@@ -147,7 +147,7 @@ struct Params {
   // FP8 experts (fp8 = 1; weave_kernel/fp8.py defines the formats): x, the received rows and h hold e4m3 with one
   // fp32 scale per (row, 128 columns), w13 / w2 e4m3 with one fp32 scale per 128 x 128 block (DeepSeek-V3's
   // weight_scale_inv); value = e4m3 x scale. Combine rows, y and everything else stay bf16. hidden and inter are
-  // multiples of 128; no shared expert, no bulk dispatch (the launcher refuses them).
+  // multiples of 128 (inter_shared too); no bulk dispatch (the launcher refuses it).
   // A row's scales are padded to a multiple of 32 floats (fp8_scale_stride: a 128-byte cache line holds one row's
   // only, so an SM's L1, which the producers' 4-byte cp.async fill, never keeps a line whose other rows were still
   // being written). The kernel quantizes x itself (routing phase) into x_q / x_scale.
@@ -158,6 +158,9 @@ struct Params {
   const float* w2_scale;         // [num_local_experts, hidden / 128, inter / 128]
   int64_t off_recv_xs;           // f32 [recv_cap_rows, fp8_scale_stride(hidden)]: the received rows' scales (symmetric)
   float* h_scale;                // [recv_cap_rows, fp8_scale_stride(inter)]
+  const float* w13s_scale;       // the shared expert's (inter_shared > 0): [2 * inter_shared / 128, hidden / 128]
+  const float* w2s_scale;        // [hidden / 128, inter_shared / 128]
+  float* hs_scale;               // [max_tokens, fp8_scale_stride(inter_shared)]
   // TMA descriptors of the weights, encoded by the launcher from w13 / w2 and the sizes above
   TensorMapBytes tmap_w13;       // w13 as [2 * num_local_experts][inter][hidden]: z = 2 * le + (0 gate, 1 up)
   TensorMapBytes tmap_w2;        // w2 as [num_local_experts][hidden][inter]

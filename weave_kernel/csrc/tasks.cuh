@@ -196,7 +196,6 @@ __device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
 template <bool kShared, bool F8 = false>
 struct MoeTiles {
   static constexpr bool kF8 = F8;  // FP8 experts (pipeline.cuh's consumer loop, the epilogues below)
-  static_assert(!(kShared && F8), "FP8 experts are built without the shared expert");
   const Params& p;
   SharedLayout& s;
   const LayoutView& lv;
@@ -256,11 +255,11 @@ struct MoeTiles {
   }
   __device__ __forceinline__ const bf16* a_row(const TileDesc& d, const TileSlot& ts, int m) const {
     const int64_t r = d.b.row0 + m;
-    if (kShared && d.b.le == kSharedLe)
-      return d.kind == kTileGemm1 ? reinterpret_cast<const bf16*>(p.hs) + r * p.inter_shared
-                                  : reinterpret_cast<const bf16*>(p.x) + r * p.hidden;
     // (FP8 rows are K bytes: K / 2 in the bf16 units the producer steps in)
     const int64_t H = F8 ? p.hidden / 2 : p.hidden, I = F8 ? p.inter / 2 : p.inter;
+    if (kShared && d.b.le == kSharedLe)
+      return d.kind == kTileGemm1 ? reinterpret_cast<const bf16*>(p.hs) + r * (F8 ? p.inter_shared / 2 : p.inter_shared)
+                                  : reinterpret_cast<const bf16*>(F8 ? p.x_q : p.x) + r * H;
     if (d.kind == kTileGemm1) return reinterpret_cast<const bf16*>(p.h) + r * I;
     // own rows: gathered from x (FP8: the kernel's x_q); others: received rows
     return ts.psrc[m] == p.rank
@@ -270,20 +269,24 @@ struct MoeTiles {
   // FP8 (consumers): the scales of row m's 128-column blocks of A (one per k step), the same rows a_row reads
   __device__ __forceinline__ const float* a_scales(const TileDesc& d, const TileSlot& ts, int m) const {
     const int64_t r = d.b.row0 + m;
-    if (d.kind == kTileGemm1) return p.h_scale + r * fp8_scale_stride(p.inter);
     const int ns = fp8_scale_stride(p.hidden);
+    if (kShared && d.b.le == kSharedLe)  // this rank's tokens in order, and its own h rows
+      return d.kind == kTileGemm1 ? p.hs_scale + r * fp8_scale_stride(p.inter_shared) : p.x_scale + r * ns;
+    if (d.kind == kTileGemm1) return p.h_scale + r * fp8_scale_stride(p.inter);
     return ts.psrc[m] == p.rank ? p.x_scale + static_cast<int64_t>(ts.pair[m] / p.top_k) * ns
                                 : sym<const float>(p, p.rank, p.off_recv_xs) + r * ns;
   }
   // FP8: the weight scales of the tile's 128-column half (one per k step): GEMM0 half 0 the gate rows of h columns
   // [col * kHalfN, +kHalfN), half 1 the same up rows; GEMM1 W2's rows [col * kBlockN + 128 half, +128) (past H, a
   // zero box: any scale, the last block's)
+  // (the shared expert: w13s_scale [2 Is / 128, H / 128], w2s_scale [H / 128, Is / 128])
   __device__ __forceinline__ const float* b_scales(const TileDesc& d, int half) const {
-    const int le = d.b.le, nh = p.hidden / 128, ni = p.inter / 128;
+    const bool sh = kShared && d.b.le == kSharedLe;
+    const int le = sh ? 0 : d.b.le, nh = p.hidden / 128, ni = (sh ? p.inter_shared : p.inter) / 128;
     if (d.kind == kTileGemm0)
-      return p.w13_scale + (static_cast<int64_t>(le) * 2 * ni + half * ni + d.col) * nh;
+      return (sh ? p.w13s_scale : p.w13_scale) + (static_cast<int64_t>(le) * 2 * ni + half * ni + d.col) * nh;
     const int rb = min(2 * d.col + half, nh - 1);
-    return p.w2_scale + (static_cast<int64_t>(le) * nh + rb) * ni;
+    return (sh ? p.w2s_scale : p.w2_scale) + (static_cast<int64_t>(le) * nh + rb) * ni;
   }
   // GEMM0: box 0 = the gate rows of h columns [col * kHalfN, +kHalfN), box 1 = the same up rows (wgmma.cuh; rows
   // past I arrive as zeros and their h columns are not stored); GEMM1: two 128-row halves of W2's column block
@@ -311,9 +314,10 @@ struct MoeTiles {
       const int I = sh ? p.inter_shared : p.inter;
       const int c0 = d.col * Config::kHalfN;
       if constexpr (F8) {  // h in e4m3, one scale per (row, tile); the tile's 128 columns are one scale block
-        uint8_t* h8 = reinterpret_cast<uint8_t*>(p.h) + c0;
+        uint8_t* h8 = reinterpret_cast<uint8_t*>(sh ? p.hs : p.h) + c0;
         const int hs = fp8_scale_stride(I);
-        stage_swiglu_e4m3(acc, staging, p.h_scale + static_cast<int64_t>(row0) * hs + d.col, hs, d.b.num_rows);
+        stage_swiglu_e4m3(acc, staging, (sh ? p.hs_scale : p.h_scale) + static_cast<int64_t>(row0) * hs + d.col, hs,
+                          d.b.num_rows);
         named_sync(kBarConsumers, Config::kConsumerThreads);
         store_staged(staging, d.b.num_rows, Config::kHalfN / 2,  // 128 bytes = 64 "bf16" per row
                      [&](int m) { return reinterpret_cast<bf16*>(h8 + static_cast<int64_t>(row0 + m) * I); });
