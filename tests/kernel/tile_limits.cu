@@ -721,6 +721,41 @@ __device__ __forceinline__ void f8_scaled_stage(TileAcc& acc, const Params& p, u
   }
 }
 
+// Modes 15-17: thread 0 initialises the stages' full (one arrival: the TMA thread's) and empty (one per consumer
+// warpgroup) barriers; every thread then waits at the CTA barrier.
+template <int kStages>
+__device__ __forceinline__ void f8_init_barriers(uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// Modes 16-17: the producer warpgroup's thread 0 loads every k step of this CTA's tiles by TMA, kStages ahead.
+template <int kStages>
+__device__ __forceinline__ void f8_produce_all(const Params& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                               const TensorMapBytes& a_map, const TensorMapBytes& b_map, int rows,
+                                               int total, int per_e, int nrb, int num_k) {
+  if (threadIdx.x != 0) return;
+  int it = 0;
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {
+    const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
+    for (int k = 0; k < num_k; ++k, ++it) {
+      const int s = it % kStages;
+      if (it >= kStages) mbar_wait(p, &empty[s], ((it / kStages) - 1) & 1, 200 + s, k);
+      const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
+      mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
+      tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
+      tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
+      tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
+    }
+  }
+}
+
 // ---- mode 15: FP8 with 128 x 128 block scales (promotion per 128 of K) -------------------------------------
 // 256 threads, no producer warpgroup: thread 0 keeps the TMA loads kStages - 1 iterations ahead of the one its
 // warpgroup consumes (it waits on the oldest stage's "empty" barrier, i.e. for the other warpgroup too). With 8 warps
@@ -737,14 +772,7 @@ __global__ void __launch_bounds__(kF8sThreads, 1)
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  f8_init_barriers<kStages>(full, empty);
   const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
   const int total = E * per_e;
   const int my_units = total > static_cast<int>(blockIdx.x) ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
@@ -809,14 +837,7 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  f8_init_barriers<kStages>(full, empty);
   const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
   const int total = E * per_e;
   unsigned long long t0;
@@ -824,21 +845,7 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int u = blockIdx.x; u < total; u += gridDim.x) {
-        const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
-        for (int k = 0; k < num_k; ++k, ++it) {
-          const int s = it % kStages;
-          if (it >= kStages) mbar_wait(p, &empty[s], ((it / kStages) - 1) & 1, 200 + s, k);
-          const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
-          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
-          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
-          tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
-          tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
-        }
-      }
-    }
+    f8_produce_all<kStages>(p, smem, full, empty, a_map, b_map, rows, total, per_e, nrb, num_k);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
     const int cw = wg - 1, ct = threadIdx.x - 128;  // consumer warpgroup cw: rows [64 cw, 64 cw + 64)
@@ -889,35 +896,14 @@ __global__ void __launch_bounds__(kF8pThreads, 1)
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kSmemStage);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(1) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(2) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  f8_init_barriers<kStages>(full, empty);
   const int nrb = rows / C::kBlockM, ncb = N / C::kBlockN, per_e = nrb * ncb, num_k = K8 / 128, kb_n = K8 / 128;
   const int total = E * per_e;
   unsigned long long t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int u = blockIdx.x; u < total; u += gridDim.x) {
-        const int e = u / per_e, cb = (u % per_e) / nrb, rb = u % nrb;
-        for (int k = 0; k < num_k; ++k, ++it) {
-          const int s = it % kStages;
-          if (it >= kStages) mbar_wait(p, &empty[s], ((it / kStages) - 1) & 1, 200 + s, k);
-          const uint32_t sa = smem_u32(smem + s * C::kSmemStage), sb = sa + C::kSmemA;
-          mbar_arrive_expect_tx(&full[s], C::kSmemA + C::kSmemB);
-          tma_load_3d(sa, &a_map, &full[s], k * C::kBlockK, e * rows + rb * C::kBlockM, 0);
-          tma_load_3d(sb, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN, e);
-          tma_load_3d(sb + C::kBoxRows * 128, &b_map, &full[s], k * C::kBlockK, cb * C::kBlockN + C::kBoxRows, e);
-        }
-      }
-    }
+    f8_produce_all<kStages>(p, smem, full, empty, a_map, b_map, rows, total, per_e, nrb, num_k);
   } else {
     const int cw = wg - 1, ct = threadIdx.x - 128;
     const int row0 = cw * 64 + ((ct / 32) % 4) * 16 + ((ct & 31) >> 2);  // the thread's rows: row0 and row0 + 8
