@@ -24,7 +24,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -37,12 +37,13 @@ want R && bench bench_R_$TAG --models $M --tokens 2048,4096,8192 --synthetic fit
 want R && bench bench_Rtrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm 4,8,16
 # P: run R's set with each configuration's experts placed from its own loads (bench --placement balanced; compare with
 # run R: the simulator expects 1.02x at EP=2 and 1.05-1.06x at EP=4/8 for weave and static:20 alike, docs/results.md)
-# F8: FP8 experts (bench --expert-dtype fp8) on run B's set, and the same set's bf16 layers in the same call (the
-# ratio; the first two-rank run of FP8 dispatch: e4m3 rows and their scales over NVLink), after the FP8 tests on
-# every rank (tests/kernel/fp8_worker.py runs on one rank: world 1 and virtual ranks)
-want F8 && { timeout 200 python3 tests/kernel/fp8_worker.py > $R/fp8_worker_$TAG.log 2>&1; echo "fp8_worker rc $? [${SECONDS}s]"; }
+# F8: FP8 experts (bench --expert-dtype fp8) on run B's models, tokens and static:8/20 + weave (the first two-rank
+# timing of FP8 dispatch: e4m3 rows and their scales over NVLink), after tests/kernel/fp8_worker.py on one rank (world 1
+# and virtual ranks); compare with run B of the same session, or add F8BF: the same set in bf16, in a call of its own
+# (both benchmarks and the worker do not fit one 10-minute call)
+want F8 && { timeout 150 python3 tests/kernel/fp8_worker.py > $R/fp8_worker_$TAG.log 2>&1; echo "fp8_worker rc $? [${SECONDS}s]"; }
 want F8 && bench bench_F8_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --expert-dtype fp8
-want F8 && bench bench_F8bf_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm=
+want F8BF && bench bench_F8bf_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm=
 want P && bench bench_P_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm= --placement balanced
 want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm= \
   --placement balanced
