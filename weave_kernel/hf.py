@@ -20,12 +20,12 @@ raises CheckpointError naming it.
 
 FP8 checkpoints of DeepSeek-V3's format (config quantization_config {"quant_method": "fp8", "weight_block_size":
 [128, 128]}, dynamic activation scales; DeepSeek-V3, Qwen3-MoE-FP8, ...): a float8_e4m3fn tensor `<name>` comes with
-`<name>_scale_inv`, one fp32 multiplier per 128 x 128 block ([ceil(N/128), ceil(K/128)]). The routed experts load into
-FP8 WeaveMoE blocks (expert_dtype="fp8", the default for such a checkpoint) as they are, e4m3 and scales, without
-requantization; every other FP8 tensor (attention, dense MLPs, shared experts) is dequantized (q * s in fp32, then
-the model's dtype; edges that are not multiples of 128 padded and cropped: dequant_fp8_weight). FP8 blocks run no
-shared expert, so a model whose MoE blocks have one (DeepSeek-V3) loads with expert_dtype="bf16": its experts
-dequantized too. Other quantizations are refused.
+`<name>_scale_inv`, one fp32 multiplier per 128 x 128 block ([ceil(N/128), ceil(K/128)]). The routed experts and the
+shared expert (DeepSeek-V3's shared_experts) load into FP8 WeaveMoE blocks (expert_dtype="fp8", the default for such a
+checkpoint) as they are, e4m3 and scales, without requantization (WeaveMoE.load_experts_fp8 / load_shared_fp8);
+every other FP8 tensor (attention, dense MLPs) is dequantized (q * s in fp32, then the model's dtype; edges that are
+not multiples of 128 padded and cropped: dequant_fp8_weight). With expert_dtype="bf16" the experts and the shared
+expert are dequantized too. Other quantizations are refused.
 
 A block qualifies when it has
 - `gate`: one of the routers in ROUTERS (Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE, OLMoE, DeepSeek-V2,
@@ -576,9 +576,10 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
 
     FP8 checkpoints (module docstring): the blocks are expert_dtype="fp8" unless kwargs say "bf16", and take the
     checkpoint's e4m3 experts and scales as they are (an expert stored in bf16 is quantized, fp8.quantize_weight); with
-    "bf16" the experts are dequantized (dequant_fp8_weight). Every other e4m3 tensor is dequantized to the model's
-    dtype. A block with a shared expert needs expert_dtype="bf16" (FP8 blocks run none): UnsupportedBlock says so.
-    An unquantized checkpoint loads into FP8 blocks too with expert_dtype="fp8" (experts quantized)."""
+    "bf16" the experts are dequantized (dequant_fp8_weight). A shared expert goes the same way: kept in e4m3 with its
+    scales in an FP8 block (load_shared_fp8; a part stored unquantized is quantized), dequantized in a bf16 one. Every
+    other e4m3 tensor is dequantized to the model's dtype. An unquantized checkpoint loads into FP8 blocks too with
+    expert_dtype="fp8" (experts and shared expert quantized)."""
     import copy
 
     import transformers
@@ -603,12 +604,6 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
     targets = _moe_targets(model)
     _refuse_router_logits(model, targets, "pass config= with output_router_logits=False")
     descs = [describe_block(mod) for _, mod in targets]
-    if expert_dtype == "fp8":
-        for (name, mod), d in zip(targets, descs):
-            if d["kwargs"].get("shared_inter"):
-                raise UnsupportedBlock(f"{name} ({type(mod).__name__}) has a shared expert (width "
-                                       f"{d['kwargs']['shared_inter']}), and FP8 WeaveMoE blocks run none: pass "
-                                       f"expert_dtype='bf16' (the experts then dequantized to bf16)")
     dtype_of = _dtype_rule(model, torch.bfloat16)
     meta = model.state_dict()
     with ExitStack() as stack:
@@ -658,6 +653,17 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
                 s = handles[sk].get_tensor(sk) if lo is None else handles[sk].get_slice(sk)[lo:hi]
             return _expert_as(moe, t, s)
 
+        def shared_part(ckpt_key: str, model_key: str) -> tuple:
+            """A shared expert's tensor for an FP8 block: (e4m3, scales) as stored, or quantized from what
+            from_pretrained would give the model (read), as replace_moe_blocks would quantize it."""
+            if ckpt_key in scales:
+                sk = scales[ckpt_key]
+                return (handles[ckpt_key].get_tensor(ckpt_key).to(dev),
+                        handles[sk].get_tensor(sk).to(device=dev, dtype=torch.float32))
+            from .fp8 import quantize_weight
+
+            return quantize_weight(read(ckpt_key, model_key))
+
         with torch.no_grad():
             for key, ckpt_key in plan["dense"].items():
                 _set_tensor(model, key, read(ckpt_key, key))
@@ -666,9 +672,13 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
                 moe.load_router(read(r["router"], f"{name}.{n['router']}"),
                                 read(r["score_bias"], f"{name}.{n['score_bias']}") if "score_bias" in r else None)
                 if "shared" in n:
-                    moe.load_shared(*(read(r[("shared", j)], f"{name}.{n['shared'][j]}") for j in range(3)),
-                                    gate_weight=read(r["shared_gate"], f"{name}.{n['shared_gate']}")
-                                    if "shared_gate" in n else None)
+                    gw = read(r["shared_gate"], f"{name}.{n['shared_gate']}") if "shared_gate" in n else None
+                    if moe.fp8:  # e4m3 with its scales as stored; a part stored unquantized is quantized
+                        parts = [shared_part(r[("shared", j)], f"{name}.{n['shared'][j]}") for j in range(3)]
+                        moe.load_shared_fp8(*(q for q, _ in parts), *(s for _, s in parts), gate_weight=gw)
+                    else:
+                        moe.load_shared(*(read(r[("shared", j)], f"{name}.{n['shared'][j]}") for j in range(3)),
+                                        gate_weight=gw)
                 if b["layout"] == "fused":
                     for j, e, cnt in _runs(moe.local):  # only this rank's rows of the [E, ...] tensors
                         _store_experts(moe, j, expert_part(moe, r["gate_up"], e, e + cnt),

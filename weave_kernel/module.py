@@ -14,8 +14,11 @@ e4m3 weights with one fp32 scale per 128 x 128 block, w13_q [El, 2I, H] / w13_s 
 and up rows in separate 128-row blocks), load_experts_fp8 copies a checkpoint's e4m3 weights and weight_scale_inv
 tensors as they are. x and y stay bf16: the kernel quantizes x per (row, 128 columns) and h likewise; the torch
 backend computes the same (reference.ep_moe_reference on the pairs: fp8.moe_reference_fp8's semantics, not the bf16
-layer on dequantized weights). As the FP8 kernel: hidden and inter multiples of 128, no shared expert, dispatch
-"threads".
+layer on dequantized weights). As the FP8 kernel: hidden, inter and shared_inter multiples of 128, dispatch "threads".
+A shared expert is FP8 too: w13s_q [2Is, H] e4m3 / w13s_s [2Is/128, H/128] fp32 and w2s_q [H, Is] / w2s_s
+[H/128, Is/128] (instead of bf16 w13s / w2s); load_shared quantizes, load_shared_fp8 copies a checkpoint's e4m3 and
+weight_scale_inv; its row is fp8.shared_ffn_fp8 rounded to bf16, added (times the shared gate) in the fp32 sum after
+the k routed rows, on either backend.
 
 Routing (what the common checkpoints do; `router=` takes any other function x [N, H] -> (ids [N, k], weights [N, k])):
 - scoring "softmax" (Mixtral, Qwen-MoE, DeepSeek-V2): p = softmax(x W_r^T) over all experts, the top-k of p, weights p
@@ -113,8 +116,9 @@ class WeaveMoE(torch.nn.Module):
         RuntimeError (build them again with the new placement).
 
         expert_dtype: "bf16" (w13 / w2 bf16) or "fp8" (module docstring: e4m3 experts with 128 x 128 block scales,
-        w13_q / w13_s / w2_q / w2_s; hidden and inter multiples of 128, no shared expert, dispatch "threads"; refused
-        on either backend before anything is allocated). A block on kernel= must have the kernel's expert dtype."""
+        w13_q / w13_s / w2_q / w2_s, and a shared expert's w13s_q / w13s_s / w2s_q / w2s_s; hidden, inter and
+        shared_inter multiples of 128, dispatch "threads"; refused on either backend before anything is allocated). A
+        block on kernel= must have the kernel's expert dtype."""
         super().__init__()
         import torch.distributed as dist
 
@@ -138,10 +142,10 @@ class WeaveMoE(torch.nn.Module):
             if hidden % FP8_BLOCK or inter % FP8_BLOCK:
                 raise ValueError(f"expert_dtype='fp8' needs hidden and inter multiples of {FP8_BLOCK} (the weights' "
                                  f"scale blocks), got hidden {hidden}, inter {inter}")
-            if shared_inter:
-                raise ValueError(f"expert_dtype='fp8' blocks have no shared expert (the FP8 kernel runs none), got "
-                                 f"shared_inter={shared_inter}: run the shared expert outside the block, or use bf16 "
-                                 f"experts")
+            if shared_inter % FP8_BLOCK:
+                raise ValueError(f"expert_dtype='fp8' needs shared_inter a multiple of {FP8_BLOCK} (the FP8 shared "
+                                 f"expert's scale blocks), got shared_inter {shared_inter}: or use bf16 experts "
+                                 f"(expert_dtype='bf16')")
             if kernel_kwargs.get("dispatch", "threads") != "threads":
                 raise ValueError(f"expert_dtype='fp8' dispatches by threads (dispatch='threads'), got "
                                  f"dispatch={kernel_kwargs['dispatch']!r}")
@@ -219,8 +223,10 @@ class WeaveMoE(torch.nn.Module):
         # what this block allocates on its device, checked on every rank before anything is (module check_fits)
         expert_bytes = (e_loc * 3 * inter * hidden + 4 * e_loc * 3 * (inter // FP8_BLOCK) * (hidden // FP8_BLOCK)
                         if fp8 else 2 * e_loc * 3 * inter * hidden)
+        shared_bytes = (3 * shared_inter * hidden + 4 * 3 * (shared_inter // FP8_BLOCK) * (hidden // FP8_BLOCK)
+                        if fp8 else 2 * 3 * shared_inter * hidden)
         need = {"weights": 4 * num_experts * (hidden + 1) + expert_bytes
-                + (2 * 3 * shared_inter * hidden + 4 * hidden if shared_inter else 0)}
+                + (shared_bytes + 4 * hidden if shared_inter else 0)}
         if backend == "kernel" and kernel is None:
             need.update(workspace_bytes(
                 hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, world=self.world,
@@ -252,11 +258,17 @@ class WeaveMoE(torch.nn.Module):
             self.w13 = torch.nn.Parameter(torch.zeros(e_loc, 2 * inter, hidden, **bf), **frozen)
             self.w2 = torch.nn.Parameter(torch.zeros(e_loc, hidden, inter, **bf), **frozen)
         self.w13s = self.w2s = self.shared_gate = None
-        if shared_inter:
+        self.w13s_q = self.w13s_s = self.w2s_q = self.w2s_s = None
+        if shared_inter and fp8:  # as the routed experts: e4m3 and fp32 scales per 128 x 128 block
+            self.w13s_q = torch.nn.Parameter(torch.zeros(2 * shared_inter, hidden, **f8), **frozen)
+            self.w13s_s = torch.nn.Parameter(torch.ones(2 * shared_inter // BLOCK, hidden // BLOCK, **f32), **frozen)
+            self.w2s_q = torch.nn.Parameter(torch.zeros(hidden, shared_inter, **f8), **frozen)
+            self.w2s_s = torch.nn.Parameter(torch.ones(hidden // BLOCK, shared_inter // BLOCK, **f32), **frozen)
+        elif shared_inter:
             self.w13s = torch.nn.Parameter(torch.zeros(2 * shared_inter, hidden, **bf), **frozen)
             self.w2s = torch.nn.Parameter(torch.zeros(hidden, shared_inter, **bf), **frozen)
-            if shared_gate:
-                self.shared_gate = torch.nn.Parameter(torch.zeros(1, hidden, dtype=torch.float32, device=dev), **frozen)
+        if shared_inter and shared_gate:
+            self.shared_gate = torch.nn.Parameter(torch.zeros(1, hidden, dtype=torch.float32, device=dev), **frozen)
         self.layer = None
         if kernel is not None:
             if backend != "kernel":
@@ -363,13 +375,18 @@ class WeaveMoE(torch.nn.Module):
             return (self.w13_q, self.w13_s), (self.w2_q, self.w2_s)
         return self.w13, self.w2
 
-    @torch.no_grad()
-    def load_shared(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
-                    gate_weight: torch.Tensor | None = None) -> None:
-        """The shared expert: gate_proj [Is, H], up_proj [Is, H], down_proj [H, Is] (DeepSeek's shared_experts hold
-        all of them as one MLP of width num_shared x I); gate_weight [1, H] with shared_gate (Qwen's
-        shared_expert_gate)."""
-        if self.w13s is None:
+    def shared_weights(self) -> tuple | None:
+        """The shared expert as the layer takes it (its shared=): (w13s, w2s) bf16, or (FP8) the pairs ((w13s_q,
+        w13s_s), (w2s_q, w2s_s)); None without one."""
+        if not self.shared_inter:
+            return None
+        if self.fp8:
+            return (self.w13s_q, self.w13s_s), (self.w2s_q, self.w2s_s)
+        return self.w13s, self.w2s
+
+    def _shared_args(self, gate_proj, up_proj, down_proj, gate_weight) -> tuple:
+        """load_shared's and load_shared_fp8's common checks: (gate, up, down, gate_weight or None), shapes checked."""
+        if not self.shared_inter:
             raise ValueError("this block was built without a shared expert (shared_inter=0)")
         if (gate_weight is None) != (self.shared_gate is None):
             raise ValueError("gate_weight goes with shared_gate=True, and only with it")
@@ -378,8 +395,64 @@ class WeaveMoE(torch.nn.Module):
         u = _stack(up_proj, "shared up_proj", (Is, H))
         d = _stack(down_proj, "shared down_proj", (H, Is))
         gw = _stack(gate_weight, "shared gate_weight", (1, H)) if gate_weight is not None else None
-        self.w13s.copy_(torch.cat([g, u], dim=0))
-        self.w2s.copy_(d)
+        return g, u, d, gw
+
+    @torch.no_grad()
+    def load_shared(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor,
+                    gate_weight: torch.Tensor | None = None) -> None:
+        """The shared expert: gate_proj [Is, H], up_proj [Is, H], down_proj [H, Is] (DeepSeek's shared_experts hold
+        all of them as one MLP of width num_shared x I); gate_weight [1, H] with shared_gate (Qwen's
+        shared_expert_gate). FP8 blocks quantize the weights (fp8.quantize_weight; gate and up rows in their own
+        128-row blocks, Is % 128 == 0); load_shared_fp8 takes a checkpoint's e4m3 ones as they are."""
+        g, u, d, gw = self._shared_args(gate_proj, up_proj, down_proj, gate_weight)
+        if self.fp8:
+            from .fp8 import quantize_weight
+
+            dev = self.w13s_q.device
+            try:  # both quantized before either is stored
+                w13, w2 = quantize_weight(torch.cat([g.to(dev), u.to(dev)], dim=0)), quantize_weight(d.to(dev))
+            except ValueError as err:  # non-finite values
+                raise ValueError(f"load_shared: {err}") from None
+            for dst, src in ((self.w13s_q, w13[0]), (self.w13s_s, w13[1]), (self.w2s_q, w2[0]), (self.w2s_s, w2[1])):
+                dst.copy_(src)
+        else:
+            self.w13s.copy_(torch.cat([g, u], dim=0))
+            self.w2s.copy_(d)
+        if gw is not None:
+            self.shared_gate.copy_(gw.float())
+
+    @torch.no_grad()
+    def load_shared_fp8(self, gate_proj, up_proj, down_proj, gate_scale, up_scale, down_scale,
+                        gate_weight: torch.Tensor | None = None) -> None:
+        """FP8 blocks: the shared expert's e4m3 weights and their DeepSeek-V3 `weight_scale_inv` block scales, stored
+        as they are (no requantization): gate_proj / up_proj [Is, H] and down_proj [H, Is] float8_e4m3fn;
+        gate_scale / up_scale [Is/128, H/128] and down_scale [H/128, Is/128] (value = q * scale per 128 x 128
+        block; float32, or bf16 / fp16, widened exactly), finite; gate_weight [1, H] with shared_gate. Everything is
+        checked before anything is copied."""
+        from .fp8 import BLOCK, FP8
+
+        if not self.fp8:
+            raise ValueError("load_shared_fp8 is for blocks built with expert_dtype='fp8'; this block's experts are "
+                             "bf16: pass bf16 weights to load_shared (fp8.dequant_weight dequantizes e4m3 ones)")
+        g, u, d, gw = self._shared_args(gate_proj, up_proj, down_proj, gate_weight)
+        H, Is, B = self.hidden, self.shared_inter, BLOCK
+        for name, t in (("gate_proj", g), ("up_proj", u), ("down_proj", d)):
+            if t.dtype != FP8:
+                raise ValueError(f"shared {name} must be {FP8} (e4m3 weights; load_shared quantizes bf16 ones), got "
+                                 f"{t.dtype}")
+        sc = []
+        for name, t, shape in (("gate_scale", gate_scale, (Is // B, H // B)), ("up_scale", up_scale, (Is // B, H // B)),
+                               ("down_scale", down_scale, (H // B, Is // B))):
+            t = _stack(t, f"shared {name}", shape)
+            if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise ValueError(f"shared {name} must be float32 block scales (weight_scale_inv), got {t.dtype}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"shared {name} has non-finite values")
+            sc.append(t)
+        self.w13s_q.copy_(torch.cat([g, u], dim=0))
+        self.w13s_s.copy_(torch.cat([sc[0], sc[1]], dim=0))
+        self.w2s_q.copy_(d)
+        self.w2s_s.copy_(sc[2])
         if gw is not None:
             self.shared_gate.copy_(gw.float())
 
@@ -438,7 +511,7 @@ class WeaveMoE(torch.nn.Module):
         if self.fp8 and flat.data_ptr() % 16:  # the FP8 kernel reads x in 16-byte pieces
             flat = flat.clone()
         ids, w = self.route(flat)
-        shared = (self.w13s, self.w2s) if self.w13s is not None else None
+        shared = self.shared_weights()
         scale = torch.sigmoid(flat.float() @ self.shared_gate.t()).squeeze(1).contiguous() \
             if self.shared_gate is not None else None
         if self.backend == "kernel":

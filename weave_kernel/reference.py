@@ -13,7 +13,8 @@ Two functions:
   grouped_mm is unavailable, e.g. on CPU). Baseline (a) of the benchmark. With FP8 experts (w13 and w2 given as
   (e4m3 weights, fp32 block scales) pairs, weave_kernel/fp8.py) it computes what the FP8 megakernel does:
   `grouped_ffn_fp8`, x and h quantized per (row, 128 columns), fp32 GEMMs on the dequantized operands, expert rows
-  rounded to bf16 and combined in fp32 in the order j = 0..k-1, as fp8.moe_reference_fp8 does over all experts.
+  rounded to bf16 and combined in fp32 in the order j = 0..k-1, as fp8.moe_reference_fp8 does over all experts; an
+  FP8 shared expert (two such pairs) is fp8.shared_ffn_fp8 rounded to bf16 and added last, as the kernel adds it.
 """
 from __future__ import annotations
 
@@ -113,6 +114,21 @@ def grouped_ffn_fp8(xd: torch.Tensor, counts: torch.Tensor, w13, w2) -> torch.Te
     return out
 
 
+def shared_rows_fp8(x: torch.Tensor, w13s, w2s) -> torch.Tensor:
+    """The FP8 shared expert's rows as the FP8 megakernel adds them: fp8.shared_ffn_fp8 (x quantized per 128 columns,
+    both GEMMs on dequantized operands in fp32, h quantized again) rounded to bf16, [N, H]. w13s = (q [2Is, H] e4m3,
+    s [2Is/128, H/128] fp32), w2s = (q [H, Is], s [H/128, Is/128]). The same operations as fp8.shared_ffn_fp8, but
+    non-finite values give NaN rows (as in the kernel) instead of its ValueError."""
+    from .fp8 import _quantize_act, dequant_act, dequant_weight
+
+    xd = dequant_act(*_quantize_act(x))
+    gu = xd @ dequant_weight(*w13s).t()
+    i = gu.shape[1] // 2
+    g, u = gu[:, :i], gu[:, i:]
+    h = g / (1.0 + torch.exp(-g)) * u
+    return (dequant_act(*_quantize_act(h)) @ dequant_weight(*w2s).t()).to(torch.bfloat16)
+
+
 def _is_pair(w) -> bool:
     return isinstance(w, (tuple, list))
 
@@ -142,13 +158,21 @@ def ep_moe_reference(
     FP8 experts: w13_local = (q [E_loc, 2I, H] e4m3, s [E_loc, 2I/128, H/128] fp32) and w2_local = (q, s) likewise
     (fp8.check_fp8_weights). Each rank quantizes its x per (row, 128 columns) and sends the e4m3 rows with their
     scales, the owners run grouped_ffn_fp8 and send back bf16 rows, and each token sums its k rows in fp32 in the
-    order j = 0..k-1 (fp8.moe_reference_fp8's semantics, which the FP8 megakernel reproduces). No shared expert.
+    order j = 0..k-1 (fp8.moe_reference_fp8's semantics, which the FP8 megakernel reproduces). Their shared expert is
+    FP8 too, shared = ((q [2Is, H], s [2Is/128, H/128]), (q [H, Is], s [H/128, Is/128])): shared_rows_fp8 of this
+    rank's x (bf16 rows), times shared_scale if given, added after the k routed rows in the same fp32 sum, as the
+    FP8 megakernel's reduction does.
     """
     import torch.distributed as dist
 
     fp8 = _is_pair(w13_local)
-    if fp8 and shared is not None:
-        raise ValueError("FP8 experts run without a shared expert (as the FP8 megakernel does)")
+    if shared is not None:
+        if not isinstance(shared, (tuple, list)) or len(shared) != 2:
+            raise ValueError("shared must be a pair (w13s, w2s)")
+        if any(_is_pair(w) != fp8 for w in shared):
+            raise ValueError("FP8 experts take an FP8 shared expert, ((w13s_q, w13s_s), (w2s_q, w2s_s)), and bf16 "
+                             "experts a bf16 one, (w13s, w2s), as the megakernel does"
+                             if fp8 else "bf16 experts take a bf16 shared expert (w13s, w2s), not (e4m3, scales) pairs")
     num_local = (w13_local[0] if fp8 else w13_local).shape[0]
 
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
@@ -205,6 +229,9 @@ def ep_moe_reference(
         y = torch.zeros(n, x.shape[1], dtype=torch.float32, device=dev)
         for j in range(k):
             y += w[:, j, None] * o[:, j]
+        if shared is not None:  # the kernel's reduction: the shared row (bf16) last, weight 1 or the token's scale
+            ys = shared_rows_fp8(x, shared[0], shared[1]).float()
+            y += ys if shared_scale is None else shared_scale.float()[:, None] * ys
         return y.to(x.dtype)
     y = (per_pair.view(n, k, x.shape[1]).float() * topk_weights.float().unsqueeze(-1)).sum(1)
     if shared is not None:
