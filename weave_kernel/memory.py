@@ -10,9 +10,8 @@ against one kernel per layer. Attention, embeddings, activations and the KV cach
 the worst case, every pair of every rank on one GPU). --fp8 counts the layer as MoEMegakernel(expert_dtype="fp8")
 holds it: the experts' weights in e4m3 (1 byte an element) with an fp32 scale per 128 x 128 block
 (fp8.quantize_experts), and the FP8 kernel's buffers (workspace_bytes(expert_dtype="fp8"): e4m3 h and x with their
-scales, the received rows' scales). The FP8 kernel has no shared expert, so its buffers hold no shared-expert
-scratch; the shared experts' weights are counted in the same FP8 format (they run outside the kernel). H and I must
-be multiples of 128 there. Needs no GPU.
+scales, the received rows' scales, the shared expert's e4m3 h and scales); the shared experts' weights are FP8 too,
+as the FP8 kernel runs them. H, I and the shared width must be multiples of 128 there. Needs no GPU.
 """
 from __future__ import annotations
 
@@ -38,19 +37,19 @@ def _weight_bytes(rows: int, cols: int, fp8: bool) -> int:
 def moe_memory(model, world: int, max_tokens: int, recv_factor: float | None = None, num_ctas: int = 132,
                fp8: bool = False) -> dict:
     """Bytes per GPU of `model`'s (a weave_sim ModelPreset) MoE layers at expert-parallel size `world`; fp8: as
-    MoEMegakernel(expert_dtype="fp8") holds them (module docstring): e4m3 experts with their block scales and the FP8
-    kernel's buffers, which have no shared expert's scratch (the FP8 kernel runs none)."""
+    MoEMegakernel(expert_dtype="fp8") holds them (module docstring): e4m3 experts (shared ones too) with their block
+    scales and the FP8 kernel's buffers."""
     H, I, E, k, L = model.hidden_size, model.expert_ffn_size, model.num_experts, model.top_k, model.num_moe_layers
     Is = model.num_shared_experts * I
     check_geometry(H, I, E, k, world, world, Is)
-    if fp8 and (H % FP8_BLOCK or I % FP8_BLOCK):
-        raise ValueError(f"FP8 experts need hidden and inter multiples of {FP8_BLOCK} (their scale blocks), got "
-                         f"hidden {H}, inter {I}")
+    if fp8 and (H % FP8_BLOCK or I % FP8_BLOCK or Is % FP8_BLOCK):
+        raise ValueError(f"FP8 experts need hidden, inter and the shared width multiples of {FP8_BLOCK} (their scale "
+                         f"blocks), got hidden {H}, inter {I}, shared {Is}")
     if recv_factor is not None and not 0 < recv_factor < math.inf:
         raise ValueError(f"recv_factor must be a finite number > 0, got {recv_factor}")
     cap = None if recv_factor is None else max(1, int(recv_factor * max_tokens * k))
     buf = workspace_bytes(hidden=H, inter=I, num_experts=E, top_k=k, world=world, max_tokens=max_tokens,
-                          shared_inter=0 if fp8 else Is, num_ctas=num_ctas, recv_capacity=cap,
+                          shared_inter=Is, num_ctas=num_ctas, recv_capacity=cap,
                           expert_dtype="fp8" if fp8 else "bf16")["total"]
     expert = 2 * _weight_bytes(I, H, fp8) + _weight_bytes(H, I, fp8)  # gate and up [I, H], down [H, I]
     shared = 2 * _weight_bytes(Is, H, fp8) + _weight_bytes(H, Is, fp8) if Is else 0
