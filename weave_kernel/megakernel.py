@@ -588,13 +588,13 @@ class MoEMegakernel:
                 shared_order: str = "last", shared_scale=None) -> dict:
         pl = self.plan
         xp, w13p, w2p, xs, w13s_, w2s_ = self._operand_ptrs(x, w13, w2)
+        s13, s2, ss13, ss2 = self._shared_ptrs(shared)
         fp8 = self.fp8
         return {
             "fp8": int(fp8), "x_q": self.x_q.data_ptr() if fp8 else 0, "x_scale": xs, "w13_scale": w13s_, "w2_scale": w2s_,
             "off_recv_xs": pl.off_recv_xs, "h_scale": self.h_scale.data_ptr() if fp8 else 0,
             "shared_scale": shared_scale.data_ptr() if shared is not None and shared_scale is not None else 0,
-            "w13s": self._shared_ptrs(shared)[0], "w2s": self._shared_ptrs(shared)[1],
-            "w13s_scale": self._shared_ptrs(shared)[2], "w2s_scale": self._shared_ptrs(shared)[3],
+            "w13s": s13, "w2s": s2, "w13s_scale": ss13, "w2s_scale": ss2,
             "hs_scale": self.hs_scale.data_ptr() if self.hs_scale is not None else 0,
             "hs": self.hs.data_ptr(), "ys": self.ys.data_ptr(), "g0s_done": self.g0s_done.data_ptr(),
             "inter_shared": self.shared_inter if shared is not None else 0,
