@@ -60,7 +60,7 @@ from weave_sim.costmodel import bound_volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
-from weave_sim.profile import load_profile, profile_from_dict
+from weave_sim.profile import fp8_profile, load_profile, profile_from_dict  # noqa: F401 (fp8_profile: this module's interface too)
 from weave_sim.validate import (bench_results, kernel_options, kernel_sources_warning, profile_for_result,
                                 result_placement, result_shared, result_shared_experts)
 from weave_sim.workload import workload_from_counts
@@ -107,18 +107,6 @@ def with_fixed_cost(profile, key: str, ns: float):
     raw = json.loads(json.dumps(profile.raw))
     raw["fixed_ns"][key] = int(round(ns))
     return profile_from_dict(raw, origin=f"{profile.name}, {key} {int(round(ns))} ns")
-
-
-def fp8_profile(profile, speedup: float):
-    """`profile` for FP8 tiles: per-SM GEMM rates x speedup, the chip's GEMM peak doubled (FP8's dense peak), and
-    with a power model the energy per FLOP / speedup (the same power at the faster rate)."""
-    raw = json.loads(json.dumps(profile.raw))
-    gemm = raw["gemm"]
-    gemm["per_sm_tflops_by_rows"] = {k: v * speedup for k, v in gemm["per_sm_tflops_by_rows"].items()}
-    gemm["peak_tflops"] = 2.0 * gemm["peak_tflops"]
-    if raw.get("power"):
-        raw["power"]["w_per_tflops"] = raw["power"]["w_per_tflops"] / speedup
-    return profile_from_dict(raw, origin=f"{profile.name}, FP8 tiles x{speedup}")
 
 
 def parse_variant(text: str) -> tuple[str, float]:
@@ -226,6 +214,8 @@ def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> d
     elif kind == "gemm":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
     elif kind == "fp8":
+        if opts.get("expert_dtype") == "fp8":
+            raise ValueError("fp8:S asks what FP8 experts would change; this result already ran them")
         changed, changed_opts, changed_profile = as_built, {**opts, "expert_dtype": "fp8"}, fp8_profile(profile, speedup)
     elif kind == "push":
         changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, push=speedup)

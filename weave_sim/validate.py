@@ -117,7 +117,12 @@ def _layer_from_result(r: dict):
 
 def profile_for_result(r: dict, profile: HardwareProfile) -> HardwareProfile:
     """`profile` with as many SMs as the benchmark's grid had CTAs (`bench --num-ctas`, recorded as "num_ctas"),
-    else `profile` itself: a kernel launched on fewer CTAs than SMs is simulated on that many SMs."""
+    else `profile` itself: a kernel launched on fewer CTAs than SMs is simulated on that many SMs. A result of FP8
+    experts gets the profile's FP8 tiles (profile.fp8_profile: the profile's gemm.fp8_scale, else FP8_TILE_SCALE)."""
+    if result_fp8(r):
+        from .profile import fp8_profile
+
+        profile = fp8_profile(profile)
     n = r.get("num_ctas")
     if n is None or int(n) == profile.num_sms:
         return profile
@@ -211,7 +216,16 @@ def kernel_options(r: dict) -> dict:
     if deciders not in DECIDER_MODES:
         raise ValueError(f"unknown kernel_deciders {deciders!r} (known: {', '.join(DECIDER_MODES)})")
     shared = result_shared(r)
-    return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders, **({"shared": shared} if shared != "off" else {})}
+    return {**KERNEL_LAYOUTS[layout], "kernel_deciders": deciders, **({"shared": shared} if shared != "off" else {}),
+            **({"expert_dtype": "fp8"} if result_fp8(r) else {})}
+
+
+def result_fp8(r: dict) -> bool:
+    """Whether a benchmark result ran FP8 experts (bench --expert-dtype fp8 records "expert_dtype")."""
+    dtype = r.get("expert_dtype", "bf16")
+    if dtype not in ("bf16", "fp8"):
+        raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')}: unknown expert_dtype {dtype!r}")
+    return dtype == "fp8"
 
 
 def bench_results(data: dict) -> list[dict]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from weave_kernel.recount import counts_for
 from weave_kernel.routing import skewed_routing
@@ -280,3 +281,12 @@ def test_whatif_fp8_halves_the_bytes_and_never_slows():
     base = load_profile("h200-megakernel-power")
     assert p8.gemm_peak_tflops == 2 * base.gemm_peak_tflops
     assert p8.raw["power"]["w_per_tflops"] == pytest.approx(base.raw["power"]["w_per_tflops"] / 1.5)
+
+
+def test_whatif_fp8_on_a_result_that_ran_fp8_is_refused():
+    """fp8:S asks what FP8 experts would change; a bench --expert-dtype fp8 result already ran them (its as-built
+    simulation is FP8 already, weave_sim.validate.profile_for_result)."""
+    r = _result(top_k=4)
+    whatif_result(r, load_profile("h200-megakernel"), CFG, variant="fp8:1.25")
+    with pytest.raises(ValueError, match="already ran them"):
+        whatif_result({**r, "expert_dtype": "fp8"}, load_profile("h200-megakernel"), CFG, variant="fp8:1.25")

@@ -400,3 +400,27 @@ def test_result_placement_reads_the_recorded_owners():
     assert result_placement(r).owner.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # the benchmark's contiguous map
     owner = [1, 0, 0, 1, 1, 0, 1, 0]
     assert result_placement({**r, "placement": "balanced", "placement_owner": owner}).owner.tolist() == owner
+
+
+def test_fp8_results_are_simulated_with_fp8_tiles_and_bytes(tmp_path):
+    """A result of bench --expert-dtype fp8 is simulated as FP8 experts: e4m3 bytes (engine expert_dtype) and tiles
+    at the profile's FP8 factor (gemm.fp8_scale, else FP8_TILE_SCALE, fitted to the EP=1 FP8 layers), so faster than
+    the same result in bf16; an unknown dtype is an error, and whatif's fp8:S refuses a result that already ran FP8."""
+    from weave_sim.profile import FP8_TILE_SCALE, fp8_profile, profile_from_dict
+    from weave_sim.validate import kernel_options, profile_for_result, result_fp8, validate_result
+
+    r = json.loads(bench_file(tmp_path, {"static:8": 1.0, "weave": 1.0}).read_text())["results"][0]
+    r8 = {**r, "expert_dtype": "fp8"}
+    assert not result_fp8(r) and result_fp8(r8) and "expert_dtype" not in kernel_options(r)
+    assert kernel_options(r8)["expert_dtype"] == "fp8"
+    key = next(iter(PROFILE.raw["gemm"]["per_sm_tflops_by_rows"]))
+    rate = PROFILE.raw["gemm"]["per_sm_tflops_by_rows"][key]
+    assert profile_for_result(r8, PROFILE).raw["gemm"]["per_sm_tflops_by_rows"][key] == pytest.approx(rate * FP8_TILE_SCALE)
+    own = profile_from_dict({**PROFILE.raw, "gemm": {**PROFILE.raw["gemm"], "fp8_scale": 1.5}})
+    assert fp8_profile(own).raw["gemm"]["per_sm_tflops_by_rows"][key] == pytest.approx(rate * 1.5)
+    b16, f8 = validate_result(r, PROFILE).predicted_ms, validate_result(r8, PROFILE).predicted_ms
+    assert all(f8[p] < b16[p] for p in ("static:8", "weave"))
+    with pytest.raises(ValueError, match="unknown expert_dtype"):
+        validate_result({**r, "expert_dtype": "int4"}, PROFILE)
+    with pytest.raises(ValueError, match="must be > 0"):
+        fp8_profile(PROFILE, 0.0)
