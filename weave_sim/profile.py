@@ -247,12 +247,34 @@ def fp8_profile(profile: HardwareProfile, speedup: float | None = None) -> Hardw
     speedup (the same power at the faster rate). The tiles' fixed cost stays (it is not K's)."""
     raw = json.loads(json.dumps(profile.raw))
     gemm = raw["gemm"]
+    if "fp8_applied" in gemm:
+        raise ValueError(f"profile {profile.name} already has FP8 tiles (x{gemm['fp8_applied']['scale']})")
     s = float(speedup if speedup is not None else gemm.get("fp8_scale", FP8_TILE_SCALE))
     if not s > 0:
         raise ValueError(f"the FP8 tile speedup must be > 0, got {s}")
+    # the bf16 values, for table_profile (restored as they were, not divided back)
+    gemm["fp8_applied"] = {"scale": s, "per_sm_tflops_by_rows": dict(gemm["per_sm_tflops_by_rows"]),
+                           "peak_tflops": gemm["peak_tflops"],
+                           "w_per_tflops": raw["power"]["w_per_tflops"] if raw.get("power") else None}
     gemm["per_sm_tflops_by_rows"] = {k: v * s for k, v in gemm["per_sm_tflops_by_rows"].items()}
     gemm["peak_tflops"] = 2.0 * gemm["peak_tflops"]
     if raw.get("power"):
         raw["power"]["w_per_tflops"] = raw["power"]["w_per_tflops"] / s
     return profile_from_dict(raw, origin=f"{profile.name}, FP8 tiles x{s}")
+
+
+def table_profile(profile: HardwareProfile) -> HardwareProfile:
+    """The profile whose cost table the megakernel's weave choice reads: `profile` itself, or for a profile with FP8
+    tiles (fp8_profile) the bf16 one it came from. The kernel's FP8 layers read the bf16 table (docs/kernel.md, "FP8
+    experts in the layer"), so the simulated choice of an FP8 layer is made with the bf16 rates, as the kernel's."""
+    if "fp8_applied" not in profile.raw["gemm"]:
+        return profile
+    raw = json.loads(json.dumps(profile.raw))
+    gemm = raw["gemm"]
+    base = gemm.pop("fp8_applied")
+    gemm["per_sm_tflops_by_rows"] = base["per_sm_tflops_by_rows"]
+    gemm["peak_tflops"] = base["peak_tflops"]
+    if raw.get("power"):
+        raw["power"]["w_per_tflops"] = base["w_per_tflops"]
+    return profile_from_dict(raw, origin=f"{profile.name} (its bf16 tiles)")
 

@@ -424,3 +424,29 @@ def test_fp8_results_are_simulated_with_fp8_tiles_and_bytes(tmp_path):
         validate_result({**r, "expert_dtype": "int4"}, PROFILE)
     with pytest.raises(ValueError, match="must be > 0"):
         fp8_profile(PROFILE, 0.0)
+
+
+def test_an_fp8_layers_simulated_weave_split_is_chosen_from_the_bf16_table():
+    """The kernel's FP8 layers read the bf16 cost table, so the engine's kernel:weave chooses an FP8 layer's split
+    with the profile's bf16 rates (weave_sim.profile.table_profile undoes fp8_profile exactly) and simulates it with
+    the FP8 tiles."""
+    from weave_sim import costmodel
+    from weave_sim.profile import fp8_profile, table_profile
+
+    base = load_profile("h200-megakernel-ep2")
+    f8 = fp8_profile(base, 1.9)
+    assert json.dumps(table_profile(f8).raw, sort_keys=True) == json.dumps(base.raw, sort_keys=True)
+    assert table_profile(base) is base
+    with pytest.raises(ValueError, match="already has FP8 tiles"):
+        fp8_profile(f8)
+    model = ModelPreset("m", 2048, 768, 32, 8, 0, 1)
+    rng = np.random.default_rng(5)
+    ids = np.argsort(rng.random((2 * 1024, 32)) ** 3, axis=1)[:, :8]
+    w = pairs_dispatched(layer_workload(ids, model, contiguous(32, 2)))
+    want = costmodel.choose(costmodel.Volumes.from_workloads([w], base), base).num_comm_sms[0]
+    fast = costmodel.choose(costmodel.Volumes.from_workloads([w], f8), f8).num_comm_sms[0]
+    got = simulate_layer(w, f8, "kernel:weave", expert_dtype="fp8", **KERNEL_OPTIONS).plan.num_comm_sms
+    assert tuple(got) == tuple(int(c) for c in want)
+    assert simulate_layer(w, f8, "kernel:weave", expert_dtype="fp8", **KERNEL_OPTIONS).latency_ns < \
+        simulate_layer(w, base, "kernel:weave", **KERNEL_OPTIONS).latency_ns
+    assert tuple(want) != tuple(fast)  # (18 against 47 comm CTAs here: the test tells the two apart)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ... import costmodel
 from ...costtable import table_for
+from ...profile import table_profile
 from ..plan import Plan
 
 
@@ -60,9 +61,10 @@ def plan(ctx, spec: str) -> Plan:
             comm = comm * G if len(comm) == 1 else comm
             if len(comm) != G:
                 raise ValueError(f"kernel:{spec}: give one C or {G} comma-separated values")
-        else:
-            vol = costmodel.Volumes.from_workloads([ctx.workload], ctx.profile)
-            comm = tuple(int(c) for c in costmodel.choose(vol, ctx.profile).num_comm_sms[0])
+        else:  # the kernel's choice, from the table it reads (an FP8 layer's: the bf16 one, table_profile)
+            tp = table_profile(ctx.profile)
+            vol = costmodel.Volumes.from_workloads([ctx.workload], tp)
+            comm = tuple(int(c) for c in costmodel.choose(vol, tp).num_comm_sms[0])
         N = ctx.profile.num_sms
         deciders = 1 if arg else min(table_for(ctx.profile).max_comm_sms, N)  # fixed C: CTA 0, for the record
         every_sm = ctx.options.kernel_deciders == "all"  # () = charged in the count exchange, every SM waits
