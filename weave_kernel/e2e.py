@@ -55,10 +55,11 @@ class DecoderLayer(torch.nn.Module):
 
 
 def build_moes(model, layers: int, tokens: int, backend: str, policy: str, shared: bool, dev, seed: int,
-               share: bool = True):
+               share: bool = True, expert_dtype: str = "bf16"):
     """One WeaveMoE per layer, every rank with the same random weights (its local experts of them); on the kernel
     backend all layers run on the first one's MoEMegakernel (kernel=: one layer's buffers, as a model would), or
-    each on its own with share=False."""
+    each on its own with share=False. expert_dtype "fp8": the same draws, quantized (fp8.quantize_weight)."""
+    from .fp8 import quantize_weight
     from .module import WeaveMoE
 
     H, I, E = model.hidden_size, model.expert_ffn_size, model.num_experts
@@ -66,7 +67,7 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
     out = []
     for layer in range(layers):
         m = WeaveMoE(hidden=H, inter=I, num_experts=E, top_k=model.top_k, max_tokens=tokens, backend=backend,
-                     policy=policy, shared_inter=Is, device=dev, check=False,
+                     policy=policy, shared_inter=Is, device=dev, check=False, expert_dtype=expert_dtype,
                      kernel=out[0] if out and share and backend == "kernel" else None)
 
         def r(*shape, d, key):  # the same draw on every rank, for this layer and key
@@ -76,8 +77,14 @@ def build_moes(model, layers: int, tokens: int, backend: str, policy: str, share
         m.load_router(r(E, H, d=H, key=0))
         with torch.no_grad():  # only this rank's experts are drawn (expert e from key 10 + e, whoever holds it)
             for le, e in enumerate(m.local):
-                m.w13[le].copy_(r(2 * I, H, d=H, key=10 + e))
-                m.w2[le].copy_(r(H, I, d=I, key=10 + E + e))
+                w13, w2 = r(2 * I, H, d=H, key=10 + e), r(H, I, d=I, key=10 + E + e)
+                if expert_dtype == "fp8":
+                    for (q, s), qd, sd in ((quantize_weight(w13), m.w13_q, m.w13_s), (quantize_weight(w2), m.w2_q, m.w2_s)):
+                        qd[le].copy_(q)
+                        sd[le].copy_(s)
+                else:
+                    m.w13[le].copy_(w13)
+                    m.w2[le].copy_(w2)
         if Is:
             m.load_shared(r(Is, H, d=H, key=1), r(Is, H, d=H, key=2), r(H, Is, d=Is, key=3))
         out.append(m)
@@ -127,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--policies", default="weave,static:20", help="megakernel policies to time")
     ap.add_argument("--shared", action="store_true", help="include the model's shared experts (fused)")
+    ap.add_argument("--expert-dtype", choices=("bf16", "fp8"), default="bf16",
+                    help="the experts' dtype (fp8: e4m3 with 128x128 block scales; the reference backend computes "
+                         "the same FP8 arithmetic)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -152,7 +162,7 @@ def main(argv=None) -> int:
         + [("torch", "-", True)]
     for backend, policy, share in backends:
         moes = build_moes(model, args.layers, args.tokens, backend, policy if backend == "kernel" else "weave",
-                          args.shared, dev, args.seed, share=share)
+                          args.shared, dev, args.seed, share=share, expert_dtype=args.expert_dtype)
         torch.manual_seed(args.seed)  # the same attention weights for every backend (and rank)
         stack = [DecoderLayer(H, m, dev) for m in moes]
 
@@ -187,7 +197,8 @@ def main(argv=None) -> int:
         rows[name]["rel_err_vs_reference"] = float(e)
     if rank == 0:
         print(f"{args.layers} decoder layers of {model.name} (stand-in GQA attention), {args.tokens} tokens per rank, "
-              f"EP={world}, {torch.cuda.get_device_name(dev)}, shared experts {shared_note(model, args.shared)}, "
+              f"EP={world}, {torch.cuda.get_device_name(dev)}, {args.expert_dtype} experts, shared experts "
+              f"{shared_note(model, args.shared)}, "
               f"median of {args.repeats}, {time.strftime('%Y-%m-%d')}")
         print(f"{'MoE backend':<14}{'forward ms':>12}{'MoE ms':>10}{'MoE share':>11}{'vs reference':>14}"
               f"{'rel. error':>12}")

@@ -180,6 +180,27 @@ def test_e2e_stack_runs_on_cpu_with_the_torch_backend():
     assert y.shape == x.shape and torch.isfinite(y.float()).all() and not torch.equal(y, y_attn)
 
 
+def test_e2e_stack_in_fp8_holds_the_same_draws_quantized():
+    """e2e --expert-dtype fp8: the blocks hold fp8.quantize_weight of the bf16 draws (experts and shared expert), and
+    the stack runs on CPU with the torch backend's FP8 arithmetic."""
+    from weave_kernel.e2e import DecoderLayer, build_moes
+    from weave_kernel.fp8 import quantize_weight
+    from weave_sim.presets import get_model
+
+    model = get_model("custom:E=8:k=2:H=256:I=128:shared=1")
+    b16 = build_moes(model, 1, 16, "torch", "weave", True, torch.device("cpu"), seed=3)[0]
+    f8 = build_moes(model, 1, 16, "torch", "weave", True, torch.device("cpu"), seed=3, expert_dtype="fp8")[0]
+    q, s = quantize_weight(b16.w13)
+    assert torch.equal(f8.w13_q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(f8.w13_s, s)
+    q, s = quantize_weight(b16.w2)
+    assert torch.equal(f8.w2_q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(f8.w2_s, s)
+    torch.manual_seed(0)
+    layer = DecoderLayer(256, f8, torch.device("cpu"))
+    x = torch.randn(16, 256).to(torch.bfloat16)
+    y = layer(x)
+    assert y.shape == x.shape and torch.isfinite(y.float()).all()
+
+
 def _rank_forward(rank: int, world: int, port: int, queue, cut: int = 13) -> None:
     """One rank of test_two_ranks_match_one_process (gloo on CPU): WeaveMoE's torch backend across the group."""
     import os
