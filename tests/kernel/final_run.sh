@@ -44,6 +44,14 @@ want R && bench bench_Rtrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 -
 want F8 && { timeout 150 python3 tests/kernel/fp8_worker.py > $R/fp8_worker_$TAG.log 2>&1; echo "fp8_worker rc $? [${SECONDS}s]"; }
 want F8 && bench bench_F8_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --expert-dtype fp8
 want F8BF && bench bench_F8bf_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm=
+# (F8BF also times two decoder stacks with FP8 blocks, a shared expert in the second: weave_kernel.e2e --expert-dtype fp8)
+if want F8BF; then
+  for m in qwen3-30b-a3b deepseek-v2-lite; do
+    sh=""; [ $m != qwen3-30b-a3b ] && sh=--shared
+    timeout 120 torchrun --nproc_per_node=$NPROC -m weave_kernel.e2e --model $m --tokens 4096 --layers 4 $sh \
+      --expert-dtype fp8 --out $R/e2e_fp8_${m}_$TAG.json > $R/e2e_fp8_${m}_$TAG.log 2>&1; echo "e2e fp8 $m rc $? [${SECONDS}s]"
+  done
+fi
 want P && bench bench_P_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm= --placement balanced
 want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm= \
   --placement balanced
