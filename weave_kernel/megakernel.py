@@ -645,20 +645,12 @@ class MoEMegakernel:
                 region.fill_(0xFF)
             else:
                 region.view(-1, 2).copy_(nan.to(self.device).expand(region.numel() // 2, 2))
-        if self.fp8:
-            self.h.fill_(0xFF)  # e4m3 NaN
-            self.h_scale.fill_(float("nan"))
-            self.x_q.fill_(0xFF)  # the kernel quantizes x into these before anything reads them
-            self.x_s.fill_(float("nan"))
-            if self.hs_scale is not None:
-                self.hs.fill_(0xFF)
-                self.hs_scale.fill_(float("nan"))
-                self.ys.fill_(float("nan"))
-                return
-        else:
-            self.h.fill_(float("nan"))
-        self.hs.fill_(float("nan"))
-        self.ys.fill_(float("nan"))
+        for t in (self.h, self.hs, self.x_q):  # e4m3 / bf16 buffers: 0xFF bytes are NaN as e4m3, 0xFFFF as bf16
+            if t is not None:
+                t.view(torch.uint8).fill_(0xFF)
+        for t in (self.h_scale, self.hs_scale, self.x_s, self.ys):  # (the kernel writes x_q / x_s before reading them)
+            if t is not None:
+                t.fill_(float("nan"))
 
     def raise_if_error(self, _just_called: bool = False) -> None:
         """Synchronise and raise RuntimeError if the kernel flagged an error (the layer is then unusable).

@@ -465,3 +465,31 @@ def test_an_fp8_shared_expert_in_params_and_its_checks():
     kw = dict(hidden=256, inter=256, num_experts=8, top_k=2, world=2, max_tokens=64, shared_inter=256)
     f8, bf = mk.workspace_bytes(**kw, expert_dtype="fp8"), mk.workspace_bytes(**kw)
     assert bf["shared"] - f8["shared"] == 64 * 256 - 4 * 64 * mk.fp8_scale_stride(256)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_poison_scratch_leaves_nan_everywhere_a_call_writes(fp8):
+    """poison_scratch (the GPU tests' tool against reads of rows nothing wrote this call): combine rows, receive rows
+    and their scales, h (and its scales), x_q / x_s and the shared expert's scratch all read as NaN in their dtypes."""
+    layer = _fake_layer(fp8=fp8)
+    layer.symm = torch.zeros(layer.plan.total_bytes, dtype=torch.uint8)
+    if fp8:
+        layer.hs = torch.zeros(64 * 256, dtype=torch.uint8)
+        layer.hs_scale = torch.zeros(64 * mk.fp8_scale_stride(256))
+    layer.poison_scratch()
+    pl = layer.plan
+    comb = layer.symm[pl.off_comb:pl.off_recv_x]
+    assert torch.isnan(comb[: comb.numel() // 2 * 2].view(torch.bfloat16).float()).all()
+    recv = layer.symm[pl.off_recv_x:pl.total_bytes]
+    if fp8:
+        assert torch.isnan(recv.view(torch.float8_e4m3fn).float()).all()
+        xs = layer.symm[pl.off_recv_xs:pl.total_bytes]
+        assert torch.isnan(xs[: xs.numel() // 4 * 4].view(torch.float32)).all()
+        for t in (layer.h, layer.hs, layer.x_q):
+            assert torch.isnan(t.view(torch.float8_e4m3fn).float()).all()
+        for t in (layer.h_scale, layer.hs_scale, layer.x_s):
+            assert torch.isnan(t).all()
+    else:
+        assert torch.isnan(recv[: recv.numel() // 2 * 2].view(torch.bfloat16).float()).all()
+        assert torch.isnan(layer.h.float()).all()
+    assert torch.isnan(layer.hs.float() if not fp8 else layer.ys.float()).all() and torch.isnan(layer.ys.float()).all()
