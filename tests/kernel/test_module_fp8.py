@@ -548,19 +548,10 @@ def _qwen3(hidden=H, layers=2):
 
 
 def _random(cfg, seed):
-    from transformers import AutoModelForCausalLM
+    """A random bf16 model of `cfg` (test_hf_load.py's draw: unit-scale activations, a random correction bias)."""
+    from test_hf_load import _random_model
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
-        for bname, b in model.named_buffers():
-            if "correction_bias" in bname:
-                b.copy_(0.1 * torch.randn(b.shape, generator=g))
-    return model.to(torch.bfloat16)
+    return _random_model("fp8", cfg, seed)
 
 
 def test_dequant_fp8_weight_pads_and_crops_edges():
