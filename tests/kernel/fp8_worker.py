@@ -30,6 +30,7 @@ from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.reference import make_shared_weights, make_weights, moe_reference
 from weave_kernel.routing import skewed_routing
 from weave_kernel.virtual import VirtualRanks
+from virtual_worker import log, rel_err  # (this folder is the script's: sys.path[0]; refs passed in fp32)
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
 
@@ -44,15 +45,6 @@ FAILURES: list[str] = []
 POLICIES = ("sequential", "static:1", "static:8", "weave", "weave:16", "weave-nosteal")
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    y = y.float()
-    if not torch.isfinite(y).all():
-        return float("inf")
-    return float((y - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
 
 
 def check(ok: bool, what: str) -> None:
@@ -78,7 +70,7 @@ def case_real(name: str, *, hidden: int, inter: int, experts: int, top_k: int, t
     for n in tokens:
         x = (torch.randn(n, hidden, generator=g) * 0.5).to(torch.bfloat16).to(dev)
         ids, tw = routing(n, experts, top_k, seed + n, dev)
-        ref = moe_reference_fp8(x, ids, tw, w13, w2)
+        ref = moe_reference_fp8(x, ids, tw, w13, w2).float()
         ref16 = moe_reference(x, ids, tw, w13d, w2d).float()
         q_err = rel_err(ref, ref16)  # what the FP8 formats cost, by the reference
         first = None
@@ -156,7 +148,7 @@ def case_virtual(world: int, *, hidden: int, inter: int, experts: int, top_k: in
     tws = [r[1] for r in routed]
     w13s = [(w13[0][r * el:(r + 1) * el].contiguous(), w13[1][r * el:(r + 1) * el].contiguous()) for r in range(world)]
     w2s = [(w2[0][r * el:(r + 1) * el].contiguous(), w2[1][r * el:(r + 1) * el].contiguous()) for r in range(world)]
-    ref = moe_reference_fp8(torch.cat(xs), torch.cat(ids), torch.cat(tws), w13, w2)
+    ref = moe_reference_fp8(torch.cat(xs), torch.cat(ids), torch.cat(tws), w13, w2).float()
     for pol in ("sequential", "static:4", "weave", "weave-nosteal"):
         vr.poison_scratch()
         ys = vr(xs, ids, tws, w13s, w2s, policy=pol)
