@@ -57,24 +57,6 @@ def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _quantize_act(x)
 
 
-def quantize_act_into(x: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_act(x) written into q_out [..., K] (float8_e4m3fn, or uint8 holding its bytes) and s_out
-    [..., K // 128] float32; returns (q_out, s_out). For the launch path: checks shapes only, so no device sync, and
-    does not look for non-finite values (they give NaN scales or codes instead of a ValueError)."""
-    _check_k(x, "quantize_act_into")
-    want_s = (*x.shape[:-1], x.shape[-1] // BLOCK)
-    if q_out.dtype not in (FP8, torch.uint8) or tuple(q_out.shape) != tuple(x.shape):
-        raise ValueError(f"quantize_act_into: q_out must be float8_e4m3fn or uint8 of shape {list(x.shape)}, got "
-                         f"{q_out.dtype} {list(q_out.shape)}")
-    if s_out.dtype != torch.float32 or tuple(s_out.shape) != want_s:
-        raise ValueError(f"quantize_act_into: s_out must be float32 of shape {list(want_s)}, got {s_out.dtype} "
-                         f"{list(s_out.shape)}")
-    q, s = _quantize_act(x)
-    q_out.copy_(q.view(torch.uint8) if q_out.dtype == torch.uint8 else q)
-    s_out.copy_(s)
-    return q_out, s_out
-
-
 def dequant_act(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """q [..., K] e4m3, s [..., K // 128] -> float32 [..., K] = q * s (each scale over its 128 columns)."""
     if q.dim() == 0 or q.shape[-1] % BLOCK or tuple(s.shape) != (*q.shape[:-1], q.shape[-1] // BLOCK):
@@ -204,10 +186,10 @@ def shared_ffn_fp8(x: torch.Tensor, w13s, w2s) -> torch.Tensor:
     """The shared expert of an FP8 layer on every row of x [N, H], as the megakernel computes it: x quantized per 128
     columns, GEMM0 on the dequantized operands in fp32, h = silu(gate) * up quantized again, GEMM1, fp32 [N, H] (the
     kernel rounds it to bf16 before adding it in the reduction). w13s = (q [2Is, H], s [2Is/128, H/128]), w2s = (q [H,
-    Is], s [H/128, Is/128])."""
-    xd = dequant_act(*quantize_act(x))
+    Is], s [H/128, Is/128]). Non-finite values give NaN rows, as in the kernel (no ValueError here)."""
+    xd = dequant_act(*_quantize_act(x))
     gu = xd @ dequant_weight(*w13s).t()
     i = gu.shape[1] // 2
     g, u = gu[:, :i], gu[:, i:]
     h = g / (1.0 + torch.exp(-g)) * u
-    return dequant_act(*quantize_act(h)) @ dequant_weight(*w2s).t()
+    return dequant_act(*_quantize_act(h)) @ dequant_weight(*w2s).t()

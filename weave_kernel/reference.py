@@ -115,18 +115,10 @@ def grouped_ffn_fp8(xd: torch.Tensor, counts: torch.Tensor, w13, w2) -> torch.Te
 
 
 def shared_rows_fp8(x: torch.Tensor, w13s, w2s) -> torch.Tensor:
-    """The FP8 shared expert's rows as the FP8 megakernel adds them: fp8.shared_ffn_fp8 (x quantized per 128 columns,
-    both GEMMs on dequantized operands in fp32, h quantized again) rounded to bf16, [N, H]. w13s = (q [2Is, H] e4m3,
-    s [2Is/128, H/128] fp32), w2s = (q [H, Is], s [H/128, Is/128]). The same operations as fp8.shared_ffn_fp8, but
-    non-finite values give NaN rows (as in the kernel) instead of its ValueError."""
-    from .fp8 import _quantize_act, dequant_act, dequant_weight
+    """The FP8 shared expert's rows as the FP8 megakernel adds them: fp8.shared_ffn_fp8 rounded to bf16, [N, H]."""
+    from .fp8 import shared_ffn_fp8
 
-    xd = dequant_act(*_quantize_act(x))
-    gu = xd @ dequant_weight(*w13s).t()
-    i = gu.shape[1] // 2
-    g, u = gu[:, :i], gu[:, i:]
-    h = g / (1.0 + torch.exp(-g)) * u
-    return (dequant_act(*_quantize_act(h)) @ dequant_weight(*w2s).t()).to(torch.bfloat16)
+    return shared_ffn_fp8(x, w13s, w2s).to(torch.bfloat16)
 
 
 def _is_pair(w) -> bool:

@@ -25,7 +25,6 @@ from weave_kernel.fp8 import (  # noqa: E402
     dequant_weight,
     moe_reference_fp8,
     quantize_act,
-    quantize_act_into,
     quantize_experts,
     quantize_weight,
 )
@@ -150,24 +149,6 @@ def test_quantize_act_matches_the_definition_bit_for_bit():
     assert np.array_equal(sc.numpy()[:, 0], s_np)
     assert np.array_equal(q.float().numpy(), e4m3_round(v).astype(np.float32))
     assert np.all(np.abs(v[-64:, 1:] - picks[:, 1:]) <= 2.0 ** -22 * np.abs(picks[:, 1:]))  # x / s lands at a tie
-
-
-def test_quantize_act_into_equals_quantize_act():
-    g = torch.Generator().manual_seed(11)
-    x = (torch.randn(6, 3 * BLOCK, generator=g) * 2).to(torch.bfloat16)
-    x[2, :BLOCK] = 0
-    q, s = quantize_act(x)
-    buf_q, buf_s = torch.full((8 * 3 * BLOCK,), 7, dtype=torch.uint8), torch.full((8 * 3,), -1.0)
-    out_q, out_s = quantize_act_into(x, buf_q[: 6 * 3 * BLOCK].view(6, -1), buf_s[:18].view(6, 3))
-    assert torch.equal(buf_q[: 6 * 3 * BLOCK].view(6, -1), q.view(torch.uint8)) and torch.equal(out_s, s)
-    assert bool((buf_q[6 * 3 * BLOCK:] == 7).all()) and bool((buf_s[18:] == -1).all())  # nothing past the views
-    q8 = torch.empty(6, 3 * BLOCK, dtype=F8)
-    quantize_act_into(x, q8, torch.empty(6, 3))
-    assert torch.equal(q8.view(torch.uint8), q.view(torch.uint8))
-    with pytest.raises(ValueError, match=r"s_out must be float32 of shape \[6, 3\]"):
-        quantize_act_into(x, q8, torch.empty(6, 4))
-    with pytest.raises(ValueError, match="q_out must be float8_e4m3fn or uint8"):
-        quantize_act_into(x, torch.empty(6, 3 * BLOCK, dtype=torch.bfloat16), torch.empty(6, 3))
 
 
 @given(seed=st.integers(0, 2**31 - 1), lead=st.integers(0, 2), nb=st.integers(1, 3), kb=st.integers(1, 3),
