@@ -41,7 +41,7 @@ from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, config_label  # the layout and deciders of this kernel
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
-from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
+from .megakernel import DEFAULT_COST_PROFILE, EXPERT_DTYPES, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
@@ -110,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its combine, and shared_separate_ms times the megakernel without them followed by the same "
                          "dense FFN (off: routed experts only, as before)")
     ap.add_argument("--trace-policy", default="best-static", help="policy of the trace ('best-static' or a policy)")
-    ap.add_argument("--expert-dtype", choices=("bf16", "fp8"), default="bf16",
+    ap.add_argument("--expert-dtype", choices=EXPERT_DTYPES, default="bf16",
                     help="the megakernel's experts: bf16, or fp8 (e4m3 with 128x128 block scales, weave_kernel/fp8.py; "
                          "the reference then runs in bf16 on the dequantized weights, and the lower bound stays bf16's)")
     args = ap.parse_args(argv)

@@ -32,6 +32,7 @@ import torch
 
 from .choice import DEFAULT_COST_PROFILE  # noqa: F401 - part of this module's interface (bench, virtual)
 from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_issuers, parse_policy  # noqa: F401
+from .fp8 import BLOCK as FP8_BLOCK  # columns per activation scale, rows and columns per weight scale
 from .symm import SymmetricBuffer
 from .timeline import RECORD_DTYPE, records_to_events
 from .geometry import check_geometry
@@ -58,7 +59,6 @@ ERROR_TEXT = {
 }
 ERR_RECV_OVERFLOW = 2  # kErrRecvOverflow (csrc/params.h)
 EXPERT_DTYPES = ("bf16", "fp8")
-FP8_BLOCK = 128              # fp8.BLOCK: columns per activation scale, rows and columns per weight scale
 
 
 def fp8_scale_stride(k: int) -> int:
