@@ -55,26 +55,44 @@ def _check_ids(topk_ids, num_experts: int) -> None:
         raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {num_experts})")
 
 
+def _weights_fine(w13, w2, hidden, inter, num_local_experts, fp8: bool) -> tuple | None:
+    """The weight tensors of a call if each has the dtype, shape and layout the layer needs (bf16: w13, w2; fp8: the
+    pairs' e4m3 weights and fp32 block scales), else None."""
+    el, h, i = num_local_experts, hidden, inter
+    if not fp8:
+        want = ((w13, torch.bfloat16, (el, 2 * i, h)), (w2, torch.bfloat16, (el, h, i)))
+    elif (isinstance(w13, (tuple, list)) and isinstance(w2, (tuple, list)) and len(w13) == 2 and len(w2) == 2
+          and h % 128 == 0 and i % 128 == 0):
+        b = 128  # fp8.BLOCK (not imported here: the bf16 path does not load fp8.py)
+        want = ((w13[0], torch.float8_e4m3fn, (el, 2 * i, h)), (w13[1], torch.float32, (el, 2 * i // b, h // b)),
+                (w2[0], torch.float8_e4m3fn, (el, h, i)), (w2[1], torch.float32, (el, h // b, i // b)))
+    else:
+        return None
+    for t, dtype, shape in want:
+        if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.shape == shape and t.is_contiguous()):
+            return None
+    return tuple(t for t, _, _ in want)
+
+
 def _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_experts, top_k, max_tokens,
-                 device) -> bool:
+                 device, fp8: bool = False) -> bool:
     """True when every tensor of a call has the dtype, shape, device and layout the layer needs: the common case,
     decided in about half the host time of the checks below (which run whenever this says False, and name what
     is wrong)."""
     T = torch.Tensor
-    if not (isinstance(x, T) and isinstance(topk_ids, T) and isinstance(topk_weights, T) and isinstance(w13, T)
-            and isinstance(w2, T)) or x.dim() != 2:
+    if not (isinstance(x, T) and isinstance(topk_ids, T) and isinstance(topk_weights, T)) or x.dim() != 2:
+        return False
+    weights = _weights_fine(w13, w2, hidden, inter, num_local_experts, fp8)
+    if weights is None:
         return False
     n = x.shape[0]
-    bf = torch.bfloat16
-    ok = (n <= max_tokens and x.dtype is bf and x.shape == (n, hidden) and topk_ids.dtype in _IDS
+    ok = (n <= max_tokens and x.dtype is torch.bfloat16 and x.shape == (n, hidden) and topk_ids.dtype in _IDS
           and topk_ids.shape == (n, top_k) and topk_weights.dtype is torch.float32 and topk_weights.shape == (n, top_k)
-          and w13.dtype is bf and w13.shape == (num_local_experts, 2 * inter, hidden) and w2.dtype is bf
-          and w2.shape == (num_local_experts, hidden, inter) and x.is_contiguous() and topk_ids.is_contiguous()
-          and topk_weights.is_contiguous() and w13.is_contiguous() and w2.is_contiguous())
+          and x.is_contiguous() and topk_ids.is_contiguous() and topk_weights.is_contiguous())
     if ok and device is not None:
         dev = device if isinstance(device, torch.device) else torch.device(device)
-        ok = x.device == dev and topk_ids.device == dev and topk_weights.device == dev and w13.device == dev \
-            and w2.device == dev
+        ok = x.device == dev and topk_ids.device == dev and topk_weights.device == dev \
+            and all(t.device == dev for t in weights)
     return ok
 
 
@@ -83,6 +101,11 @@ def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter
                        check_ids: bool = True, fp8: bool = False) -> None:
     """Check one call's tensors against the layer. check_ids scans topk_ids (one host sync). fp8: w13 and w2 are
     (e4m3 weights, fp32 block scales) pairs (weave_kernel/fp8.py)."""
+    if _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_experts, top_k, max_tokens, device,
+                    fp8):
+        if check_ids and x.shape[0]:
+            _check_ids(topk_ids, num_experts)
+        return
     if fp8:
         from .fp8 import check_fp8_weights
 
@@ -93,10 +116,6 @@ def check_layer_inputs(x, topk_ids, topk_weights, w13, w2, *, hidden: int, inter
                     raise ValueError(f"{name} is on {t.device}, the layer runs on {device}")
         _check_tokens(x, topk_ids, topk_weights, hidden=hidden, num_experts=num_experts, top_k=top_k,
                       max_tokens=max_tokens, device=device, check_ids=check_ids)
-        return
-    if _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_experts, top_k, max_tokens, device):
-        if check_ids and x.shape[0]:
-            _check_ids(topk_ids, num_experts)
         return
     _check_tokens(x, topk_ids, topk_weights, hidden=hidden, num_experts=num_experts, top_k=top_k,
                   max_tokens=max_tokens, device=device, check_ids=False)

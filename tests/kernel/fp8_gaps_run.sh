@@ -1,0 +1,59 @@
+#!/bin/bash
+# One 1x H200 call: build; the FP8 GPU tests not run on a GPU yet (WeaveMoE's FP8 kernel backend with shared experts,
+# the GPU tests of test_module.py); FP8 e2e stacks; per-tile rates bf16 vs FP8 from traces; FP8 at decode sizes with
+# CUDA graphs; FP8 shared experts' speed. Logs in $OUT.
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+STAGES=${STAGES:-build,pytest,trace,decode,shared,e2e}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+bash tests/kernel/device_run.sh build 2>&1 | tail -3
+if has pytest; then
+  timeout 240 python3 -m pytest -q -m gpu tests/kernel/test_module_fp8.py tests/kernel/test_module.py -x > $OUT/pytest_gpu.log 2>&1
+  echo "pytest rc $? [${SECONDS}s]"; tail -3 $OUT/pytest_gpu.log
+fi
+B="torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state"
+if has trace; then
+  for m in qwen3-30b-a3b:2048:768 qwen3.5-35b-a3b:2048:512 deepseek-v3:7168:2048; do
+    IFS=: read name H I <<< "$m"
+    for dt in bf16 fp8; do
+      timeout 120 $B --models $name --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 --expert-dtype $dt \
+        --trace $OUT/trace_${name}_$dt.json --trace-policy weave --out $OUT/tr_${name}_$dt.json > $OUT/tr_${name}_$dt.log 2>&1 || echo "trace $name $dt failed"
+      python3 tests/kernel/trace_tiles.py $OUT/trace_${name}_$dt.json $H $I 2>&1 | sed "s|$OUT/||"
+    done
+  done; echo "[${SECONDS}s]"
+fi
+if has decode; then
+  for dt in bf16 fp8; do
+    timeout 150 $B --models qwen3-30b-a3b,deepseek-v2-lite,deepseek-v3 --tokens 64,256,1024 --comm 8 --weave-comm= --no-sequential \
+      --repeats 5 --cuda-graph on --expert-dtype $dt --out $OUT/decode_$dt.json > $OUT/decode_$dt.log 2>&1; echo "decode $dt rc $? [${SECONDS}s]"
+  done
+fi
+if has shared; then
+  for dt in bf16 fp8; do
+    timeout 150 $B --models deepseek-v2-lite,deepseek-v3 --tokens 2048,4096 --comm 8 --weave-comm= --no-sequential \
+      --repeats 3 --shared first --expert-dtype $dt --out $OUT/shared_$dt.json > $OUT/shared_$dt.log 2>&1; echo "shared $dt rc $? [${SECONDS}s]"
+  done
+fi
+if has e2e; then
+  for dt in bf16 fp8; do
+    timeout 150 python3 -m weave_kernel.e2e --model deepseek-v2-lite --tokens 4096 --layers 4 --shared --expert-dtype $dt \
+      --repeats 3 --out $OUT/e2e_$dt.json > $OUT/e2e_$dt.log 2>&1; echo "e2e $dt rc $? [${SECONDS}s]"; tail -4 $OUT/e2e_$dt.log
+  done
+fi
+python3 - <<'PY'
+import json, os, glob
+out = os.environ["OUT"]
+for kind in ("decode", "shared"):
+    rows = {}
+    for dt in ("bf16", "fp8"):
+        p = f"{out}/{kind}_{dt}.json"
+        if not os.path.exists(p): continue
+        for r in json.load(open(p)).get("results", []):
+            for pol, ms in (r.get("latency_ms") or {}).items():
+                rows.setdefault((r["model"], r["tokens_per_gpu"], pol), {})[dt] = ms
+    for (m, n, pol), v in sorted(rows.items()):
+        if "bf16" in v and "fp8" in v:
+            print(f"{kind:6s} {m:18s} {n:5d} {pol:10s} bf16 {v['bf16']:.4f} fp8 {v['fp8']:.4f} ms  {v['bf16']/v['fp8']:.3f}x")
+PY
