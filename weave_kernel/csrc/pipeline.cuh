@@ -286,7 +286,9 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
         scale_acc(acc, f);
         mma_stage_e4m3(acc, sa, sb);
         wgmma_wait<0>();
-        if (k > 0) release(it - 1);
+        // This step's MMAs are done and its scales were read before them: its stage goes back at once (all 4 stages
+        // can then be loading while the consumers wait for the next), except the tile's last, kept for the epilogue.
+        if (k + 1 < num_k) release(it);
       }
       fence_acc(acc);
       scale_acc(acc, q);  // into the product's own units
