@@ -229,11 +229,7 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     kw["shared_inter"] = inter_shared
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
     layer.ref_w = ref_w  # FP8: the reference's bf16 weights (what the e4m3 blocks hold)
-    layer.shared_w = None
-    if inter_shared:
-        from .reference import make_shared_weights
-
-        layer.shared_w = make_shared_weights(H, inter_shared, device=dev, generator=gen)
+    layer.shared_w, layer.shared_ref_w = shared_weights(H, inter_shared, layer.fp8, dev, gen) if inter_shared else (None, None)
     if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
         from .build import load_extension
 
@@ -270,6 +266,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     if args.placement != "contiguous":  # read back by weave_sim.validate.result_placement
         res["placement"], res["placement_owner"] = args.placement, placement.owner.tolist()
     sw = layer.shared_w  # the shared expert's weights, or None
+    sw_ref = layer.shared_ref_w  # the same in bf16 (FP8: what the e4m3 blocks hold), for the reference
     order = args.shared if sw is not None else "off"
     res["shared"] = order  # read back by weave_sim.validate.result_shared
     if sw is not None:
@@ -278,8 +275,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
 
     rw13, rw2 = layer.ref_w if getattr(layer, "ref_w", None) is not None else (w13, w2)
     res["expert_dtype"] = "fp8" if layer.fp8 else "bf16"
-    y_ref = ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw)
-    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw)}
+    y_ref = ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw_ref)
+    fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw_ref)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]
     if not args.no_weave:
         policies += ["weave"] + (["weave-nosteal"] if args.weave_nosteal else []) + \
@@ -307,7 +304,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         for pol in [p for p in ("weave", "static:20") if p in policies]:
             def sep(pol=pol):
                 y = layer(x, ids_d, w_d, w13, w2, policy=pol, check=False)
-                return y.add_(shared_ffn(x, sw[0], sw[1]))
+                return y.add_(shared_ffn(x, sw_ref[0], sw_ref[1]))
             y = sep()
             errs[f"separate:{pol}"] = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
             fns[f"separate:{pol}"] = sep
@@ -399,6 +396,21 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
                                    else {})})
         args.trace = ""
     return res
+
+
+def shared_weights(hidden: int, inter_shared: int, fp8: bool, device, generator) -> tuple:
+    """A benchmark's shared expert: (the kernel's weights, the reference's bf16 weights). bf16 layers: the same
+    (w13s, w2s) twice; FP8 layers: ((q, s), (q, s)) pairs quantized from them (fp8.quantize_weight) and their
+    dequantized bf16 values, so the reference and shared_separate_ms compute what the e4m3 blocks hold."""
+    from .reference import make_shared_weights
+
+    w = make_shared_weights(hidden, inter_shared, device=device, generator=generator)
+    if not fp8:
+        return w, w
+    from .fp8 import dequant_weight, quantize_weight
+
+    q = tuple(quantize_weight(t) for t in w)
+    return q, tuple(dequant_weight(*p).to(torch.bfloat16) for p in q)
 
 
 def host_us_per_call(fn, calls: int = 8) -> float:

@@ -1,11 +1,14 @@
 """Where the host's time per eager layer call goes (one GPU): the Python checks, the parameter dict, the
 extension's launch from the whole dict (dict parsing, TMA descriptors, the launch itself) against the Launcher the
 layer calls (the call's own values only), and the whole call, each timed over many calls without a sync (the GPU
-runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py"""
+runs behind). Usage: torchrun --nproc_per_node=1 tests/kernel/host_cost.py [--expert-dtype fp8]"""
 from __future__ import annotations
+
+import argparse
 
 import torch
 
+from weave_kernel import validate
 from weave_kernel.bench import host_us_per_call
 from weave_kernel.megakernel import MoEMegakernel, _current_raw_stream
 from weave_kernel.policies import parse_policy
@@ -30,12 +33,21 @@ class _DictOnly:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--expert-dtype", choices=("bf16", "fp8"), default="bf16")
+    fp8 = ap.parse_args().expert_dtype == "fp8"
     init_ranks()
     dev = torch.device("cuda", torch.cuda.current_device())
     m = get_model("qwen3-30b-a3b")
     E, k, H, I, n = m.num_experts, m.top_k, m.hidden_size, m.expert_ffn_size, 128
-    layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, 1), max_tokens=n)
+    kw = dict(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, 1), max_tokens=n,
+              expert_dtype="fp8" if fp8 else "bf16")
+    layer = MoEMegakernel(**kw)
     w13, w2 = make_weights(E, H, I, device=dev, generator=torch.Generator(device=dev).manual_seed(0))
+    if fp8:
+        from weave_kernel.fp8 import quantize_experts
+
+        w13, w2 = quantize_experts(w13, w2)
     ids, w = skewed_routing(n, E, k, seed=0, zipf_s=1.2)
     x = torch.randn(n, H, device=dev).to(torch.bfloat16)
     ids, w = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
@@ -44,13 +56,13 @@ def main() -> None:
     stream = torch.cuda.current_stream(dev).cuda_stream
     params = layer._params(x, ids, w, w13, w2, y, pol, False)
     layer(x, ids, w, w13, w2, policy="weave", out=y)  # warm
-    dict_layer = MoEMegakernel(hidden=H, inter=I, num_experts=E, top_k=k, placement=contiguous(E, 1), max_tokens=n,
-                               ext=_DictOnly(layer.ext))
+    dict_layer = MoEMegakernel(**kw, ext=_DictOnly(layer.ext))
     dict_layer(x, ids, w, w13, w2, policy="weave", out=y)
     rows = {
         "check_layer_inputs": lambda: check_layer_inputs(
             x, ids, w, w13, w2, hidden=H, inter=I, num_experts=E, num_local_experts=E, top_k=k, max_tokens=n,
-            device=dev, check_ids=False),
+            device=dev, check_ids=False, fp8=fp8),
+        "  its fast predicate alone": lambda: validate._inputs_fine(x, ids, w, w13, w2, H, I, E, k, n, dev, fp8),
         "parse_policy": lambda: parse_policy("weave", layer.num_ctas),
         "_params dict": lambda: layer._params(x, ids, w, w13, w2, y, pol, False),
         "current_stream": lambda: torch.cuda.current_stream(dev).cuda_stream,
@@ -62,6 +74,7 @@ def main() -> None:
         "whole call, check=False": lambda: layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
         "the same, dict path": lambda: dict_layer(x, ids, w, w13, w2, policy="weave", check=False, out=y),
     }
+    print(f"qwen3-30b-a3b, {n} tokens, {'fp8' if fp8 else 'bf16'} experts")
     for name, fn in rows.items():
         print(f"{name:<30} {host_us_per_call(fn, 50 if 'call' in name or 'launch' in name else 500):8.1f} us")
     layer.raise_if_error()

@@ -118,3 +118,24 @@ def test_expert_dtype_option_and_header():
     assert ", bf16," in run_header(parsed([]), 2, "H200")
     with pytest.raises(SystemExit):
         parse_args(["--expert-dtype", "fp16"])
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_bench_shared_weights_match_the_layers_dtype(fp8):
+    """bench --shared with --expert-dtype fp8 gave the FP8 layer bf16 shared weights (refused at the first call):
+    shared_weights gives an FP8 layer (e4m3, scales) pairs and the reference their bf16 values."""
+    from weave_kernel import fp8 as f8
+    from weave_kernel.bench import shared_weights
+    from weave_kernel.validate import check_shared_weights
+
+    H, Is = 256, 384
+    kern, ref = shared_weights(H, Is, fp8, "cpu", torch.Generator().manual_seed(0))
+    check_shared_weights(*kern, hidden=H, inter_shared=Is, device="cpu", fp8=fp8)
+    check_shared_weights(*ref, hidden=H, inter_shared=Is, device="cpu")
+    if not fp8:
+        assert kern is ref
+        return
+    for (q, s), r in zip(kern, ref):
+        assert torch.equal(f8.dequant_weight(q, s).to(torch.bfloat16), r)
+    w = shared_weights(H, Is, False, "cpu", torch.Generator().manual_seed(0))[0]  # the same draw, unquantized
+    assert all(0 < float((r.float() - b.float()).norm() / b.float().norm()) < 0.05 for r, b in zip(ref, w))
