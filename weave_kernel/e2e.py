@@ -206,6 +206,9 @@ def main(argv=None) -> int:
             moe = r["forward_ms"] - r["without_moe_ms"]
             print(f"{name:<14}{r['forward_ms']:>12.3f}{moe:>10.3f}{moe / r['forward_ms']:>10.1%}"
                   f"{ref / r['forward_ms']:>13.3f}x{r['rel_err_vs_reference']:>12.1e}")
+        if args.expert_dtype == "fp8":
+            print("(fp8: the reference is the torch backend's exact FP8 arithmetic in fp32, dequantizing each expert's "
+                  "blocks per call: a correctness reference, not a speed baseline; time the bf16 stack beside it)")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"config": vars(args), "world": world, "model": model.name, "rows": rows}, f, indent=1)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One 1x H200 call: build; the FP8 GPU tests not run on a GPU yet (WeaveMoE's FP8 kernel backend with shared experts,
 # the GPU tests of test_module.py); FP8 e2e stacks; per-tile rates bf16 vs FP8 from traces; FP8 at decode sizes with
-# CUDA graphs; FP8 shared experts' speed. Logs in $OUT.
+# CUDA graphs; FP8 shared experts' speed; f8bench: fp8_worker's bf16 / FP8 / bf16 EP=1 table. Logs in $OUT/gaps.tgz.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -26,7 +26,7 @@ if has trace; then
 fi
 if has decode; then
   for dt in bf16 fp8; do
-    timeout 150 $B --models qwen3-30b-a3b,deepseek-v2-lite,deepseek-v3 --tokens 64,256,1024 --comm 8 --weave-comm= --no-sequential \
+    timeout 150 $B --models ${DECODE_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,deepseek-v3} --tokens 64,256,1024 --comm 8 --weave-comm= --no-sequential \
       --repeats 5 --cuda-graph on --expert-dtype $dt --out $OUT/decode_$dt.json > $OUT/decode_$dt.log 2>&1; echo "decode $dt rc $? [${SECONDS}s]"
   done
 fi
@@ -36,9 +36,13 @@ if has shared; then
       --repeats 3 --shared first --expert-dtype $dt --out $OUT/shared_$dt.json > $OUT/shared_$dt.log 2>&1; echo "shared $dt rc $? [${SECONDS}s]"
   done
 fi
+if has f8bench; then
+  timeout 300 python3 tests/kernel/fp8_worker.py --bench --skip-tests --tokens 2048,4096,8192 --reps 5 > $OUT/fp8_bench.log 2>&1
+  echo "f8bench rc $? [${SECONDS}s]"; sed -n '/^model /,$p' $OUT/fp8_bench.log | tail -3
+fi
 if has e2e; then
   for dt in bf16 fp8; do
-    timeout 150 python3 -m weave_kernel.e2e --model deepseek-v2-lite --tokens 4096 --layers 4 --shared --expert-dtype $dt \
+    timeout 150 torchrun --nproc_per_node=1 -m weave_kernel.e2e --model deepseek-v2-lite --tokens 4096 --layers 4 --shared --expert-dtype $dt \
       --repeats 3 --out $OUT/e2e_$dt.json > $OUT/e2e_$dt.log 2>&1; echo "e2e $dt rc $? [${SECONDS}s]"; tail -4 $OUT/e2e_$dt.log
   done
 fi
@@ -57,3 +61,4 @@ for kind in ("decode", "shared"):
         if "bf16" in v and "fp8" in v:
             print(f"{kind:6s} {m:18s} {n:5d} {pol:10s} bf16 {v['bf16']:.4f} fp8 {v['fp8']:.4f} ms  {v['bf16']/v['fp8']:.3f}x")
 PY
+cd $OUT && tar czf gaps.tgz --remove-files $(ls | grep -v '^gaps.tgz$')
