@@ -24,7 +24,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, F8D, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -52,6 +52,14 @@ if want F8BF; then
       --expert-dtype fp8 --out $R/e2e_fp8_${m}_$TAG.json > $R/e2e_fp8_${m}_$TAG.log 2>&1; echo "e2e fp8 $m rc $? [${SECONDS}s]"
   done
 fi
+# F8D: FP8 at decode sizes (CUDA-graph replays) beside bf16, and FP8 shared experts fused, beside bf16 (EP=1 in
+# docs/kernel.md "FP8 experts: decode, shared experts, ...": 1.54x at decode, 1.24-1.65x with shared experts)
+want F8D && bench bench_F8D_$TAG --models $M --tokens 64,256,1024 --comm 8,20 --weave-comm= --no-sequential --cuda-graph on --expert-dtype fp8
+want F8D && bench bench_F8Dbf_$TAG --models $M --tokens 64,256,1024 --comm 8,20 --weave-comm= --no-sequential --cuda-graph on
+want F8D && bench bench_F8SH_$TAG --models deepseek-v2-lite,deepseek-v3 --tokens 2048,4096 --comm 8,20 --weave-comm= --no-sequential \
+  --shared first --expert-dtype fp8
+want F8D && bench bench_F8SHbf_$TAG --models deepseek-v2-lite,deepseek-v3 --tokens 2048,4096 --comm 8,20 --weave-comm= --no-sequential \
+  --shared first
 want P && bench bench_P_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm= --placement balanced
 want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm= \
   --placement balanced
