@@ -55,35 +55,38 @@ def _check_ids(topk_ids, num_experts: int) -> None:
         raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {num_experts})")
 
 
-def _weights_fine(w13, w2, hidden, inter, num_local_experts, fp8: bool) -> tuple | None:
-    """The weight tensors of a call if each has the dtype, shape and layout the layer needs (bf16: w13, w2; fp8: the
-    pairs' e4m3 weights and fp32 block scales), else None."""
-    el, h, i = num_local_experts, hidden, inter
-    if not fp8:
-        want = ((w13, torch.bfloat16, (el, 2 * i, h)), (w2, torch.bfloat16, (el, h, i)))
-    elif (isinstance(w13, (tuple, list)) and isinstance(w2, (tuple, list)) and len(w13) == 2 and len(w2) == 2
-          and h % 128 == 0 and i % 128 == 0):
-        b = 128  # fp8.BLOCK (not imported here: the bf16 path does not load fp8.py)
-        want = ((w13[0], torch.float8_e4m3fn, (el, 2 * i, h)), (w13[1], torch.float32, (el, 2 * i // b, h // b)),
-                (w2[0], torch.float8_e4m3fn, (el, h, i)), (w2[1], torch.float32, (el, h // b, i // b)))
-    else:
+def _fp8_weights_fine(w13, w2, hidden, inter, num_local_experts) -> tuple | None:
+    """The four tensors of FP8 weight pairs if each has the dtype, shape and layout the layer needs (e4m3 weights,
+    fp32 block scales), else None."""
+    el, h, i, b = num_local_experts, hidden, inter, 128  # b: fp8.BLOCK (the bf16 path does not load fp8.py)
+    if not (isinstance(w13, (tuple, list)) and isinstance(w2, (tuple, list)) and len(w13) == 2 and len(w2) == 2
+            and h % b == 0 and i % b == 0):
         return None
+    want = ((w13[0], torch.float8_e4m3fn, (el, 2 * i, h)), (w13[1], torch.float32, (el, 2 * i // b, h // b)),
+            (w2[0], torch.float8_e4m3fn, (el, h, i)), (w2[1], torch.float32, (el, h // b, i // b)))
     for t, dtype, shape in want:
         if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.shape == shape and t.is_contiguous()):
             return None
-    return tuple(t for t, _, _ in want)
+    return w13[0], w13[1], w2[0], w2[1]
 
 
 def _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_experts, top_k, max_tokens,
                  device, fp8: bool = False) -> bool:
     """True when every tensor of a call has the dtype, shape, device and layout the layer needs: the common case,
     decided in about half the host time of the checks below (which run whenever this says False, and name what
-    is wrong)."""
+    is wrong). fp8: w13 and w2 are (e4m3, scales) pairs."""
     T = torch.Tensor
-    if not (isinstance(x, T) and isinstance(topk_ids, T) and isinstance(topk_weights, T)) or x.dim() != 2:
+    if fp8:
+        weights = _fp8_weights_fine(w13, w2, hidden, inter, num_local_experts)
+        if weights is None:
+            return False
+    elif isinstance(w13, T) and isinstance(w2, T) and w13.dtype is torch.bfloat16 and w2.dtype is torch.bfloat16 \
+            and w13.shape == (num_local_experts, 2 * inter, hidden) and w2.shape == (num_local_experts, hidden, inter) \
+            and w13.is_contiguous() and w2.is_contiguous():
+        weights = (w13, w2)
+    else:
         return False
-    weights = _weights_fine(w13, w2, hidden, inter, num_local_experts, fp8)
-    if weights is None:
+    if not (isinstance(x, T) and isinstance(topk_ids, T) and isinstance(topk_weights, T)) or x.dim() != 2:
         return False
     n = x.shape[0]
     ok = (n <= max_tokens and x.dtype is torch.bfloat16 and x.shape == (n, hidden) and topk_ids.dtype in _IDS
@@ -92,7 +95,8 @@ def _inputs_fine(x, topk_ids, topk_weights, w13, w2, hidden, inter, num_local_ex
     if ok and device is not None:
         dev = device if isinstance(device, torch.device) else torch.device(device)
         ok = x.device == dev and topk_ids.device == dev and topk_weights.device == dev \
-            and all(t.device == dev for t in weights)
+            and weights[0].device == dev and weights[1].device == dev \
+            and (len(weights) == 2 or (weights[2].device == dev and weights[3].device == dev))
     return ok
 
 
