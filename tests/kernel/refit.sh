@@ -7,7 +7,8 @@
 # Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (fixed clock, as the kernel's cost table
 # assumes) + -power-TAG.json (the power model without its board-dependent HBM term; with the tiles' fixed cost by K when
 # the calibration measured it, gemm_by_k), validate_*/, tables, gap_TAG.txt; with
-# DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch.
+# DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch;
+# with FP8 runs in DIR (runs F8 / F8D: bench_F8*_*.json) each one against its bf16 twin and validated.
 # With traces of weave in DIR (final_run.sh run traces / traces_fitted: trace_*weave_*.json) the profiles charge weave's
 # choice what their choose records measured (weave-sim calibrate --decision); else the base profile's figure. The
 # default-routing ones (trace_weave_*.json) also give a dispatch piece's fixed cost: refit/piece_cost_TAG.json.
@@ -51,6 +52,16 @@ PTR=$(ls $DIR/trace_weave_*.json 2>/dev/null || true)
 if [ -n "$PTR" ]; then
   python3 -m weave_kernel.piece_cost $PTR --out $O/piece_cost_$TAG.json | tail -1 || echo "piece_cost failed (see above)"
 fi
+# FP8 runs (final_run.sh F8 / F8D, with or without their own tag suffix): each against its bf16 twin
+# (compare_bench.py: geomean bf16 / FP8 per policy) and held out for the fixed-clock refit (weave-sim validate
+# simulates FP8 results with the profile's FP8 tiles, docs/kernel.md "FP8 experts in the layer")
+for f8 in $DIR/bench_F8_*.json $DIR/bench_F8D_*.json $DIR/bench_F8SH_*.json; do
+  [ -f "$f8" ] || continue
+  base=$(basename $f8 .json); kind=${base%_*}; sfx=${base#${kind}_}  # bench_F8D_TAG -> bench_F8D, TAG
+  bf=$DIR/${kind}bf_$sfx.json
+  [ -f "$bf" ] && python3 tests/kernel/compare_bench.py $f8 $bf > $O/${base}_vs_bf16.txt && tail -3 $O/${base}_vs_bf16.txt
+  weave-sim validate $f8 --profile $O/h200-megakernel-$TAG.json --out $O/validate_$base | grep -E "^summary|^warning"
+done
 python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
 # where run B's distance to the lower bound goes, by the fixed-clock refit (docs/results.md)
 python3 -m weave_kernel.gap $B --profile $O/h200-megakernel-$TAG.json --out $O/gap_$TAG.json > $O/gap_$TAG.txt
