@@ -229,7 +229,8 @@ def make_layer(model, max_tokens: int, args, world: int, dev) -> tuple[MoEMegake
     kw["shared_inter"] = inter_shared
     layer = MoEMegakernel(**kw, timeline_per_cta=4096 if args.trace else 0)
     layer.ref_w = ref_w  # FP8: the reference's bf16 weights (what the e4m3 blocks hold)
-    layer.shared_w, layer.shared_ref_w = shared_weights(H, inter_shared, layer.fp8, dev, gen) if inter_shared else (None, None)
+    layer.shared_w, layer.shared_ref_w = (shared_weights(H, inter_shared, layer.fp8, dev, gen) if inter_shared
+                                          else (None, None))
     if args.ab_csrc:  # the other kernel version, same weights and routing (bench_config times both)
         from .build import load_extension
 
