@@ -539,6 +539,17 @@ def _all_tensors(model) -> dict:
     return dict((*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)))
 
 
+def _assert_same_model(got, ref, seed: int) -> None:
+    """got and ref hold the same tensors byte for byte and give the same logits on random ids."""
+    got_t, ref_t = _all_tensors(got), _all_tensors(ref)
+    assert sorted(got_t) == sorted(ref_t)
+    for n, t in ref_t.items():
+        assert same_bytes(got_t[n], t), n
+    ids = torch.randint(0, 97, (1, 23), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        assert torch.equal(got(ids).logits, ref(ids).logits)
+
+
 def _qwen3(hidden=H, layers=2):
     from transformers import Qwen3MoeConfig
 
@@ -594,15 +605,9 @@ def test_load_model_reads_an_fp8_checkpoint_into_fp8_blocks(tmp_path, layout):
             gate, up, dq = ([q for q, _ in part] for part in parts)
             gsc, usc, ds = ([s for _, s in part] for part in parts)
         ref.model.layers[li].mlp.load_experts_fp8(gate, up, dq, gsc, usc, ds)
-    got_t, ref_t = _all_tensors(got), _all_tensors(ref)
-    assert sorted(got_t) == sorted(ref_t)
-    for n, t in ref_t.items():
-        assert same_bytes(got_t[n], t), n
     moe = got.model.layers[1].mlp
     assert isinstance(moe, WeaveMoE) and moe.fp8
-    ids = torch.randint(0, 97, (1, 23), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(got(ids).logits, ref(ids).logits)
+    _assert_same_model(got, ref, seed=1)
 
 
 def _deepseek_v3():
@@ -646,13 +651,7 @@ def test_load_model_reads_an_fp8_checkpoint_with_a_shared_expert_into_fp8_blocks
         sh = model.model.layers[1].mlp.shared_experts
         q13, s13 = fp8.quantize_weight(torch.cat([sh.gate_proj.weight, sh.up_proj.weight]))
         assert same_bytes(moe.w13s_q, q13) and same_bytes(moe.w13s_s, s13)
-    got_t, ref_t = _all_tensors(got), _all_tensors(ref)
-    assert sorted(got_t) == sorted(ref_t)
-    for n, t in ref_t.items():
-        assert same_bytes(got_t[n], t), n
-    ids = torch.randint(0, 97, (1, 23), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert torch.equal(got(ids).logits, ref(ids).logits)
+    _assert_same_model(got, ref, seed=2)
     x = torch.randn(9, H, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     ids_, tw = moe.route(x)  # the block: routed rows + the FP8 shared row
     assert rel(moe(x), reference_with_shared(x, ids_, tw, *moe.expert_weights(), moe.shared_weights())) < 1e-6
@@ -677,13 +676,7 @@ def test_load_model_fp8_checkpoint_with_a_shared_expert_into_bf16_blocks(tmp_pat
                       for p in ("gate_proj", "up_proj", "down_proj"))
         moe.w13.data[e] = torch.cat([dequant_fp8_weight(*gq), dequant_fp8_weight(*uq)])
         moe.w2.data[e] = dequant_fp8_weight(*dq)
-    got_t, ref_t = _all_tensors(got), _all_tensors(ref)
-    assert sorted(got_t) == sorted(ref_t)
-    for n, t in ref_t.items():
-        assert same_bytes(got_t[n], t), n
-    ids = torch.randint(0, 97, (1, 23), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert torch.equal(got(ids).logits, ref(ids).logits)
+    _assert_same_model(got, ref, seed=2)
 
 
 def test_from_hf_block_quantizes_a_bf16_gated_shared_expert_into_an_fp8_block():
