@@ -39,6 +39,7 @@ import torch.distributed as dist
 from weave_sim.placement import contiguous, expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, config_label  # the layout and deciders of this kernel
+from weave_sim.workload import expert_bytes
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, EXPERT_DTYPES, MoEMegakernel
@@ -168,9 +169,12 @@ def kernel_sources(args) -> dict:
     return out
 
 
-def lower_bound(all_ids: np.ndarray, model, placement, shared: bool = False) -> tuple[float, dict]:
+def lower_bound(all_ids: np.ndarray, model, placement, shared: bool = False, expert_dtype: str = "bf16") \
+        -> tuple[float, dict]:
     """Layer lower bound in ms from weave_sim (slowest GPU), and the per-GPU volumes. shared: the layer computes its
-    shared experts too (their FLOPs and weight bytes join the bound's)."""
+    shared experts too (their FLOPs and weight bytes join the bound's). expert_dtype 'fp8': the bound of FP8 experts
+    (e4m3 weights and dispatched rows, FP8's GEMM peak; weave_sim.costmodel.bound_volumes) in vol["fp8_bound_ms"]
+    beside the bf16 one, which stays the returned bound (the targets are stated for it)."""
     from weave_sim.workload import layer_workload
 
     wl = layer_workload(all_ids, model, placement)
@@ -183,6 +187,11 @@ def lower_bound(all_ids: np.ndarray, model, placement, shared: bool = False) -> 
         prof = load_profile("h200")
         lb_ms = float(lower_bound_ns(bound_volumes([wl], prof, shared), prof).max()) / 1e6
         vol["bound"] = "weave_sim.costmodel.lower_bound_ns(h200)"
+        if expert_dtype == "fp8":
+            from weave_sim.profile import fp8_profile
+
+            p8 = fp8_profile(prof)
+            vol["fp8_bound_ms"] = float(lower_bound_ns(bound_volumes([wl], p8, shared, "fp8"), p8).max()) / 1e6
     except Exception as exc:  # noqa: BLE001 - fall back to measured-h200.md's formula, and say so
         link = np.maximum(wl.dispatch_bytes_in + wl.combine_bytes_in, wl.dispatch_bytes_out + wl.combine_bytes_out)
         wb = wl.weight_bytes + (wl.shared_weight_bytes if shared else 0)
@@ -345,14 +354,14 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
     res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
 
-    lb_ms, vol = lower_bound(all_ids, model, placement, shared=sw is not None)
+    lb_ms, vol = lower_bound(all_ids, model, placement, shared=sw is not None, expert_dtype=res["expert_dtype"])
     statics = {p: t for p, t in res["latency_ms"].items() if p.startswith("static:")}
     best = min(statics, key=statics.get)
     t_best = statics[best]
     total_flops = float(sum(vol["flops"]))
     # bytes this kernel moves over NVLink: one row per remote pair each way (dispatch is per pair in v1); FP8
     # dispatches e4m3 rows and their scales, combine rows are bf16
-    row_out = H + 4 * (H // 128) if layer.fp8 else 2 * H
+    row_out = expert_bytes(res["expert_dtype"], H)[0]
     link_bytes = float(sum(vol["pairs_out"])) * (row_out + 2 * H)
     res.update({
         "best_static": best,
@@ -365,6 +374,10 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
         "nvlink_gbs_per_gpu": link_bytes / world / (t_best * 1e-3) / 1e9,
         "tflops_per_gpu": total_flops / world / (t_best * 1e-3) / 1e12,
     })
+    if "fp8_bound_ms" in vol:  # FP8 experts: their own bound too (e4m3 bytes, FP8 peak), and the fractions of it
+        res["fp8_lower_bound_ms"] = vol["fp8_bound_ms"]
+        res["fp8_fraction_of_lower_bound"] = {p: vol["fp8_bound_ms"] / t for p, t in res["latency_ms"].items()
+                                              if p != "reference"}
     if "weave" in res["latency_ms"]:
         t_w = res["latency_ms"]["weave"]
         wc = {p: t for p, t in res["latency_ms"].items() if p.startswith("weave:")}

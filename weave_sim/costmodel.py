@@ -19,7 +19,7 @@ import numpy as np
 
 from .costtable import DEFAULT_CHUNKS, NUM_ROW_BUCKETS, row_bucket, table_for
 from .profile import HardwareProfile
-from .workload import LayerWorkload
+from .workload import LayerWorkload, expert_bytes
 _TFLOPS_TO_FLOP_PER_NS = 1e3  # 1 TFLOP/s = 1e12 FLOP / 1e9 ns
 
 
@@ -57,18 +57,30 @@ class Volumes:
         )
 
 
-def bound_volumes(workloads: list[LayerWorkload], profile: HardwareProfile, shared: bool = False) -> Volumes:
+def bound_volumes(workloads: list[LayerWorkload], profile: HardwareProfile, shared: bool = False,
+                  expert_dtype: str = "bf16") -> Volumes:
     """Volumes for lower_bound_ns. shared: the layers compute their shared experts too, so their FLOPs and weight bytes
-    join the bound's (T(c, K) below, like the in-kernel choice, leaves them out)."""
+    join the bound's (T(c, K) below, like the in-kernel choice, leaves them out). expert_dtype 'fp8': the experts'
+    weights and the dispatched rows in e4m3 with their scales (workload.expert_bytes), combine rows bf16; pair it with
+    a profile whose GEMM peak is FP8's (profile.fp8_profile)."""
     vol = Volumes.from_workloads(workloads, profile)
-    if not shared:
+    if shared:
+        def stack(name):
+            return np.stack([np.asarray(getattr(w, name), dtype=np.float64) for w in workloads])
+
+        vol = replace(vol, flops=vol.flops + stack("shared_flops"),
+                      weight_bytes=vol.weight_bytes + stack("shared_weight_bytes"))
+    if expert_dtype == "bf16":
         return vol
-
-    def stack(name):
-        return np.stack([np.asarray(getattr(w, name), dtype=np.float64) for w in workloads])
-
-    return replace(vol, flops=vol.flops + stack("shared_flops"),
-                   weight_bytes=vol.weight_bytes + stack("shared_weight_bytes"))
+    hidden = {w.model.hidden_size for w in workloads}
+    if len(hidden) != 1:
+        raise ValueError(f"bound_volumes with expert_dtype {expert_dtype!r} needs layers of one hidden size, got {hidden}")
+    h = hidden.pop()
+    row, elem = expert_bytes(expert_dtype, h)
+    row16, elem16 = expert_bytes("bf16", h)
+    return replace(vol, dispatch_bytes_in=vol.dispatch_bytes_in * (row / row16),
+                   dispatch_bytes_out=vol.dispatch_bytes_out * (row / row16),
+                   weight_bytes=vol.weight_bytes * (elem / elem16))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,19 @@ import numpy as np
 from .placement import Placement, placement_for
 from .presets import ModelPreset
 
+EXPERT_DTYPES = ("bf16", "fp8")  # what an expert weight and a dispatched row element cost in bytes (expert_bytes)
+
+
+def expert_bytes(expert_dtype: str, hidden: int) -> tuple[int, float]:
+    """(bytes of one dispatched row of `hidden` elements, bytes per expert weight element) for experts of this dtype:
+    bf16 2 H and 2; fp8 (the megakernel's e4m3 with 128 x 128 block scales, weave_kernel/fp8.py) H plus one fp32
+    scale per 128 row elements, and 1 plus one fp32 scale per 128 x 128 weights. Combine rows stay bf16 either way."""
+    if expert_dtype not in EXPERT_DTYPES:
+        raise ValueError(f"expert_dtype must be one of {EXPERT_DTYPES}, got {expert_dtype!r}")
+    if expert_dtype == "fp8":
+        return hidden + 4 * -(-hidden // 128), 1.0 + 4.0 / (128 * 128)
+    return 2 * hidden, 2.0
+
 
 @dataclass(frozen=True, eq=False)
 class LayerWorkload:

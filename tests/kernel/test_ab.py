@@ -139,3 +139,19 @@ def test_bench_shared_weights_match_the_layers_dtype(fp8):
         assert torch.equal(f8.dequant_weight(q, s).to(torch.bfloat16), r)
     w = shared_weights(H, Is, False, "cpu", torch.Generator().manual_seed(0))[0]  # the same draw, unquantized
     assert all(0 < float((r.float() - b.float()).norm() / b.float().norm()) < 0.05 for r, b in zip(ref, w))
+
+
+def test_bench_lower_bound_of_fp8_experts():
+    """FP8 results carry their own bound (e4m3 bytes, FP8 peak) beside the bf16 one they are judged by."""
+    import numpy as np
+
+    from weave_kernel.bench import lower_bound
+    from weave_sim.placement import contiguous
+    from weave_sim.presets import get_model
+
+    m = get_model("qwen3-30b-a3b")
+    ids = np.argsort(np.random.default_rng(0).random((2 * 512, m.num_experts)), axis=1)[:, :m.top_k]
+    lb, vol = lower_bound(ids, m, contiguous(m.num_experts, 2))
+    lb_again, vol8 = lower_bound(ids, m, contiguous(m.num_experts, 2), expert_dtype="fp8")
+    assert "fp8_bound_ms" not in vol and lb_again == lb
+    assert lb / 2 <= vol8["fp8_bound_ms"] < lb

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..profile import HardwareProfile
-from ..workload import LayerWorkload
+from ..workload import EXPERT_DTYPES, LayerWorkload, expert_bytes  # EXPERT_DTYPES: SimOptions.expert_dtype
 from .plan import Plan
 
 KIND_NAMES = ("count_exchange", "dispatch", "gemm0", "gemm1", "combine", "reduce", "barrier")
@@ -62,7 +62,6 @@ K_CTRL, K_DISPATCH, K_GEMM0, K_GEMM1, K_COMBINE, K_REDUCE, K_BARRIER = range(7)
 C_CTRL, C_COMM, C_GEMM, C_REDUCE, C_VIRTUAL = range(5)
 KIND_CLASS = np.array([C_CTRL, C_COMM, C_GEMM, C_GEMM, C_COMM, C_REDUCE, C_VIRTUAL], dtype=np.int8)
 DISPATCH_ORDERS = ("token", "expert", "piece")  # see "Row layout" above
-EXPERT_DTYPES = ("bf16", "fp8")  # SimOptions.expert_dtype: what an expert weight and a dispatched element cost in bytes
 SHARED_ORDERS = ("off", "first", "last")  # shared experts' tiles in the GEMM queue (see "Shared experts" above)
 SHARED_FIRST, SHARED_LAST = 1, 2  # TaskGraph.shared: 0 = not a shared-expert task
 _COMBINE_PRIO = 1 << 50  # every dispatch chunk outranks every combine chunk on a comm worker
@@ -272,14 +271,10 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     """
     if shared not in SHARED_ORDERS:
         raise ValueError(f"shared must be one of {SHARED_ORDERS}, got {shared!r}")
-    if expert_dtype not in EXPERT_DTYPES:
-        raise ValueError(f"expert_dtype must be one of {EXPERT_DTYPES}, got {expert_dtype!r}")
+    disp_row_bytes, weight_elem_bytes = expert_bytes(expert_dtype, w.model.hidden_size)
     G, N = w.num_gpus, profile.num_sms
     H, I = w.model.hidden_size, w.model.expert_ffn_size
     row_bytes = w.model.row_bytes  # combine rows and the reduction: bf16
-    fp8 = expert_dtype == "fp8"
-    disp_row_bytes = H + 4 * -(-H // 128) if fp8 else row_bytes
-    weight_elem_bytes = 1.0 + 4.0 / (128 * 128) if fp8 else 2.0
     cr = int(comm_chunk_rows or tile_rows)
     fx = profile.fixed_ns
     seq = plan.sequential
