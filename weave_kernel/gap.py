@@ -18,7 +18,8 @@ the last tiles, the reduction, the GPUs' uneven loads. The order matters (a step
 once the ones before it are gone), so read the columns as a waterfall, not as independent gains; `--alone`
 applies each step on its own to the kernel as built instead. A result that ran the fused shared expert (bench
 --shared first|last: its "shared" and "inter_shared") is simulated with it at every step, and a bound computed here
-counts its FLOPs and weights (the benchmark's recorded "lower_bound_ms" already does).
+counts its FLOPs and weights (the benchmark's recorded "lower_bound_ms" already does). A result of FP8 experts is
+simulated as FP8 and measured against FP8's bound (e4m3 bytes, FP8's peak; bench's "fp8_lower_bound_ms").
 
     python -m weave_kernel.gap docs/results/ep2/kernel_bench_B_ep2.json --profile h200-megakernel-ep2 [--tokens 4096]
 

@@ -62,7 +62,7 @@ from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import fp8_profile, load_profile, profile_from_dict  # noqa: F401 (fp8_profile: this module's interface too)
 from weave_sim.validate import (bench_results, kernel_options, kernel_sources_warning, profile_for_result,
-                                result_placement, result_shared, result_shared_experts)
+                                result_fp8, result_placement, result_shared, result_shared_experts)
 from weave_sim.workload import workload_from_counts
 
 from .routing import result_routing
@@ -145,12 +145,16 @@ def result_workload(result: dict, dispatch_rows=None):
 
 def result_bound_ms(result: dict, cfg: dict, bound_profile=None) -> float:
     """The benchmark's lower bound of a result (distinct token rows, profile h200; the shared expert's FLOPs and
-    weights included when the result ran it), or the same computed here."""
-    bound = result.get("lower_bound_ms")
+    weights included when the result ran it), or the same computed here. A result of FP8 experts gets the FP8 bound
+    (e4m3 bytes, FP8's peak: bench's "fp8_lower_bound_ms"), the one its simulated idealisations head for."""
+    fp8 = result_fp8(result)
+    bound = result.get("fp8_lower_bound_ms" if fp8 else "lower_bound_ms")
     if bound is None:
         h200 = bound_profile or load_profile("h200")
+        if fp8:
+            h200 = fp8_profile(h200)
         w = result_workload(result, distinct_dispatch_rows(result, cfg))
-        vol = bound_volumes([w], h200, shared=result_shared(result) != "off")
+        vol = bound_volumes([w], h200, shared=result_shared(result) != "off", expert_dtype="fp8" if fp8 else "bf16")
         bound = float(lower_bound_ns(vol, h200).max()) / 1e6
     return float(bound)
 

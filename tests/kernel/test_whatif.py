@@ -290,3 +290,16 @@ def test_whatif_fp8_on_a_result_that_ran_fp8_is_refused():
     whatif_result(r, load_profile("h200-megakernel"), CFG, variant="fp8:1.25")
     with pytest.raises(ValueError, match="already ran them"):
         whatif_result({**r, "expert_dtype": "fp8"}, load_profile("h200-megakernel"), CFG, variant="fp8:1.25")
+
+
+def test_the_bound_of_an_fp8_result_is_the_fp8_one():
+    """gap / whatif measure an FP8 result against FP8's bound (e4m3 bytes, FP8 peak): bench's fp8_lower_bound_ms
+    when the result has it, else computed here, below the bf16 bound and at least half of it."""
+    from weave_kernel.whatif import result_bound_ms
+
+    r = _result(top_k=2, tokens=64)
+    bf = result_bound_ms(r, CFG)
+    f8 = result_bound_ms({**r, "expert_dtype": "fp8"}, CFG)
+    assert bf / 2 <= f8 < bf
+    assert result_bound_ms({**r, "expert_dtype": "fp8", "lower_bound_ms": 9.0, "fp8_lower_bound_ms": 4.0}, CFG) == 4.0
+    assert result_bound_ms({**r, "lower_bound_ms": 9.0, "fp8_lower_bound_ms": 4.0}, CFG) == 9.0
