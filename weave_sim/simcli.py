@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -12,20 +13,35 @@ from .config import add_run_arguments, config_from_args, resolve
 from .engine.dag import SHARED_ORDERS
 from .engine import plot_gantt, plot_latency_vs_c, simulate_layer, simulate_model, sweep, write_chrome_trace
 from .placement import placement_for
+from .profile import fp8_profile
 from .report import write_json
-from .workload import layer_workload, model_workloads
+from .workload import EXPERT_DTYPES, layer_workload, model_workloads
 
 
 def _progress(args) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def _lower_bounds_ns(res, shared: str = "off") -> np.ndarray:
+def _lower_bounds_ns(res, shared: str = "off", expert_dtype: str = "bf16") -> np.ndarray:
     """[L]: the lower bound of each layer (costmodel.lower_bound_ns), with the shared experts' FLOPs and weight bytes
-    added when they are simulated (the cost model's T(c, K) and the in-kernel choice ignore them)."""
+    added when they are simulated (the cost model's T(c, K) and the in-kernel choice ignore them); FP8 experts: their
+    e4m3 bytes at FP8's peak (res.profile is then the FP8 one, _with_dtype)."""
     workloads = model_workloads(res.routing, res.model, res.placement)
-    vol = cm.bound_volumes(workloads, res.profile, shared=shared != "off")
+    vol = cm.bound_volumes(workloads, res.profile, shared=shared != "off", expert_dtype=expert_dtype)
     return cm.lower_bound_ns(vol, res.profile).max(axis=1)
+
+
+def _with_dtype(res, expert_dtype: str):
+    """The resolved run with FP8 experts' profile (profile.fp8_profile: tiles at the profile's gemm.fp8_scale, else
+    FP8_TILE_SCALE, x its per-SM rates; FP8's GEMM peak), or as it is for bf16."""
+    return res if expert_dtype == "bf16" else dataclasses.replace(res, profile=fp8_profile(res.profile))
+
+
+def _dtype_note(res, expert_dtype: str) -> str:
+    if expert_dtype == "bf16":
+        return "bf16 experts"
+    return (f"fp8 experts (e4m3 weights and dispatch rows, tiles x{res.profile.raw['gemm']['fp8_applied']['scale']:g} "
+            f"the profile's per-SM rate)")
 
 
 def _shared_note(model, shared: str) -> str:
@@ -37,37 +53,39 @@ def _shared_note(model, shared: str) -> str:
             f"per GPU)")
 
 
-def _layer_outputs(res, result, layer_pos: int, oracle: bool, shared: str = "off") -> list:
+def _layer_outputs(res, result, layer_pos: int, oracle: bool, shared: str = "off", expert_dtype: str = "bf16") -> list:
     """Chrome trace, SM Gantt and latency-vs-c plot of one layer (re-simulated with the timeline kept)."""
     out, layer = res.config.out, int(res.layer_ids[layer_pos])
     w = layer_workload(res.routing[:, layer_pos, :], res.model, placement_for(res.placement, layer_pos))
+    opts = {"shared": shared, "expert_dtype": expert_dtype}
     chosen = simulate_layer(w, res.profile, result.policy, seed=res.config.seed, record_timeline=True, layer=layer,
-                            shared=shared)
-    best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer,
-                          shared=shared) if oracle else None
+                            **opts)
+    best = simulate_layer(w, res.profile, "oracle", seed=res.config.seed, layer=layer, **opts) if oracle else None
     return [
         write_chrome_trace(chosen, out / f"timeline-layer{layer}.json"),
         plot_gantt(chosen, out / f"gantt-layer{layer}.png"),
         plot_latency_vs_c(w, res.profile, out / f"latency-vs-c-layer{layer}.png", chosen=chosen, oracle=best,
-                          seed=res.config.seed, shared=shared),
+                          seed=res.config.seed, **opts),
     ]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    res = resolve(config_from_args(args))
+    res = _with_dtype(resolve(config_from_args(args)), args.expert_dtype)
     if args.timeline_layer is not None and not args.no_plots and args.timeline_layer not in res.layer_ids:
         raise ValueError(f"--timeline-layer {args.timeline_layer} is not among the simulated layers "
                          f"({', '.join(map(str, res.layer_ids))})")
     t0 = time.perf_counter()
     result = simulate_model(res.routing, res.model, res.placement, res.profile, args.policy,
-                            seed=res.config.seed, progress=_progress(args), shared=args.shared)
+                            seed=res.config.seed, progress=_progress(args), shared=args.shared,
+                            expert_dtype=args.expert_dtype)
     wall_s = time.perf_counter() - t0
     for pos, r in enumerate(result.layers):  # layer numbers of the model, not of the selection
         r.layer = int(res.layer_ids[pos])
-    bound = _lower_bounds_ns(res, args.shared)
+    bound = _lower_bounds_ns(res, args.shared, args.expert_dtype)
     print(f"# routing: {res.routing_source}; {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
           f"{res.config.placement} placement; "
-          f"profile {res.profile.name} ({res.profile.version}); {_shared_note(res.model, args.shared)}")
+          f"profile {res.profile.name} ({res.profile.version}); {_shared_note(res.model, args.shared)}; "
+          f"{_dtype_note(res, args.expert_dtype)}")
     print(result.format())
     total = result.total_ns
     print(f"# lower bound {bound.sum() / 1e3:.1f} us = {bound.sum() / total:.1%} of the simulated {total / 1e3:.1f} us; "
@@ -79,8 +97,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"# writing the Chrome trace and plots of layer {int(res.layer_ids[slowest])} (--no-plots skips them)",
                   flush=True)
-        files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle, shared=args.shared)
-    payload = {"config": {**res.describe(), "policy": args.policy, "shared": args.shared}, "results": result.to_dict(),
+        files = _layer_outputs(res, result, slowest, oracle=not args.no_oracle, shared=args.shared,
+                               expert_dtype=args.expert_dtype)
+    payload = {"config": {**res.describe(), "policy": args.policy, "shared": args.shared,
+                          "expert_dtype": args.expert_dtype}, "results": result.to_dict(),
                "lower_bound_us": (bound / 1e3).tolist(), "wall_s": wall_s, "files": [str(f) for f in files]}
     path = write_json(res.config.out / "simulate.json", payload)
     print("wrote " + ", ".join(str(p) for p in [path, *files]))
@@ -88,7 +108,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    res = resolve(config_from_args(args))
+    res = _with_dtype(resolve(config_from_args(args)), args.expert_dtype)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError(f"--policies names no policy, got {args.policies!r} (e.g. sequential,static:20,weave)")
@@ -100,14 +120,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not grid or min(grid) < 1 or max(grid) >= sms:
         raise ValueError(f"--static-grid values must lie in [1, {sms - 1}] (the profile's {sms} SMs), got {args.static_grid}")
     table = sweep(res.routing, res.model, res.placement, res.profile, policies, static_grid=grid,
-                  seed=res.config.seed, progress=_progress(args), shared=args.shared)
+                  seed=res.config.seed, progress=_progress(args), shared=args.shared, expert_dtype=args.expert_dtype)
     table.layers = [int(x) for x in res.layer_ids]
     print(f"# {res.model.name}: {res.config.num_gpus} GPUs x {res.config.tokens_per_gpu} tokens, "
-          f"routing {res.routing_source}, profile {res.profile.name}, {_shared_note(res.model, args.shared)}; "
-          f"latency in us")
+          f"routing {res.routing_source}, profile {res.profile.name}, {_shared_note(res.model, args.shared)}, "
+          f"{_dtype_note(res, args.expert_dtype)}; latency in us")
     print(table.format())
     path = write_json(res.config.out / "sweep.json", {"config": {**res.describe(), "policies": policies,
-                                                                 "shared": args.shared},
+                                                                 "shared": args.shared,
+                                                                 "expert_dtype": args.expert_dtype},
                                                       "results": table.to_dict()})
     print(f"wrote {path}")
     return 0
@@ -117,6 +138,10 @@ def _add_shared_argument(p) -> None:
     p.add_argument("--shared", default="off", choices=list(SHARED_ORDERS),
                    help="simulate the model's shared experts (one FFN of width shared x I per GPU on its own tokens), "
                         "their GEMM tiles first or last in each GPU's tile queue (default off; docs/engine.md)")
+    p.add_argument("--expert-dtype", default="bf16", choices=list(EXPERT_DTYPES),
+                   help="the experts' format: bf16 (default) or fp8 (the megakernel's e4m3 with 128x128 block scales: "
+                        "half the weight and dispatch bytes, tiles at the profile's gemm.fp8_scale, else 1.25, x its "
+                        "per-SM rate, fitted to the measured FP8 layers; the lower bound at FP8's peak)")
 
 
 POLICY_FORMS = "sequential, static:C[:K], weave, oracle[:fast] or kernel:P (docs/engine.md, Policies)"

@@ -165,3 +165,23 @@ def test_policy_help_names_the_accepted_forms(capsys):
             main([cmd, "--help"])
         out = " ".join(capsys.readouterr().out.split())
         assert "static:C[:K], weave, oracle[:fast] or kernel:P" in out and "weave:C" not in out, cmd
+
+
+def test_simulate_and_sweep_take_fp8_experts(tmp_path, capsys):
+    """--expert-dtype fp8: the FP8 profile's tiles and e4m3 bytes, its own lower bound, recorded in the JSON; on the
+    kernel's fitted profile the layers come out faster than bf16's and so does the bound."""
+    base = ["--model", "qwen3-30b-a3b", "--gpus", "2", "--tokens", "512", "--synthetic", "zipf", "--layers", "0,1",
+            "--profile", "h200-megakernel-ep2", "--no-plots", "--quiet"]
+    out = {}
+    for dt in ("bf16", "fp8"):
+        assert main(["simulate", *base, "--expert-dtype", dt, "--out", str(tmp_path / dt)]) == 0
+        out[dt] = json.loads((tmp_path / dt / "simulate.json").read_text())
+        assert out[dt]["config"]["expert_dtype"] == dt
+    assert "fp8 experts (e4m3" in capsys.readouterr().out
+    assert out["fp8"]["results"]["total_us"] < out["bf16"]["results"]["total_us"]
+    assert sum(out["bf16"]["lower_bound_us"]) / 2 <= sum(out["fp8"]["lower_bound_us"]) < sum(out["bf16"]["lower_bound_us"])
+    assert main(["sweep", *base[:-2], "--policies", "static:20,weave", "--static-grid", "8,20", "--expert-dtype", "fp8",
+                 "--out", str(tmp_path / "sw")]) == 0
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["config"]["expert_dtype"] == "fp8"
+    with pytest.raises(SystemExit):
+        main(["simulate", *base, "--expert-dtype", "fp16", "--out", str(tmp_path)])
