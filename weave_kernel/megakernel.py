@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from weave_sim.workload import EXPERT_DTYPES  # the formats an expert can take (one definition)
 
 from .choice import DEFAULT_COST_PROFILE  # noqa: F401 - part of this module's interface (bench, virtual)
 from .policies import BULK_ISSUERS, DISPATCH_MODES, MAX_BULK_ISSUERS, dispatch_issuers, parse_policy  # noqa: F401
@@ -58,7 +59,6 @@ ERROR_TEXT = {
     10: "timeout waiting for the shared expert's GEMM1 tiles ({1} expected) before the reduction",
 }
 ERR_RECV_OVERFLOW = 2  # kErrRecvOverflow (csrc/params.h)
-EXPERT_DTYPES = ("bf16", "fp8")
 
 
 def fp8_scale_stride(k: int) -> int:

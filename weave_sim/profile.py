@@ -244,7 +244,9 @@ FP8_TILE_SCALE = 1.25
 def fp8_profile(profile: HardwareProfile, speedup: float | None = None) -> HardwareProfile:
     """`profile` for FP8 expert tiles: per-SM GEMM rates x speedup (default: the profile's gemm.fp8_scale, else
     FP8_TILE_SCALE), the chip's GEMM peak doubled (FP8's dense peak), and with a power model the energy per FLOP /
-    speedup (the same power at the faster rate). The tiles' fixed cost stays (it is not K's)."""
+    speedup (the same power at the faster rate). A tile's fixed cost (gemm.k_fixed) is a share of its rate-based time,
+    so it scales with the rates too; keeping it out of the speedup fitted no better (docs/kernel.md, "FP8 experts:
+    decode, shared experts, ...")."""
     raw = json.loads(json.dumps(profile.raw))
     gemm = raw["gemm"]
     if "fp8_applied" in gemm:

@@ -222,8 +222,10 @@ def kernel_options(r: dict) -> dict:
 
 def result_fp8(r: dict) -> bool:
     """Whether a benchmark result ran FP8 experts (bench --expert-dtype fp8 records "expert_dtype")."""
+    from .workload import EXPERT_DTYPES
+
     dtype = r.get("expert_dtype", "bf16")
-    if dtype not in ("bf16", "fp8"):
+    if dtype not in EXPERT_DTYPES:
         raise ValueError(f"result {r.get('model')}/{r.get('tokens_per_gpu')}: unknown expert_dtype {dtype!r}")
     return dtype == "fp8"
 
