@@ -15,7 +15,7 @@ FP8 experts (`expert_dtype="fp8"`, weave_kernel/fp8.py): w13 and w2 are pairs (e
 block), e.g. from `fp8.quantize_experts`; x stays bf16, and the kernel quantizes it per (row, 128 columns) as
 fp8.quantize_act does, dispatches e4m3 rows, runs both GEMMs in e4m3 and stores h in e4m3; outputs are bf16. A shared
 expert is FP8 too: shared=((w13s_q [2Is, H], w13s_s [2Is/128, H/128]), (w2s_q [H, Is], w2s_s [H/128, Is/128])).
-Not with bulk dispatch (docs/kernel.md, "FP8 experts in the layer").
+With bulk dispatch (`dispatch="bulk"`) the e4m3 rows go by bulk copies and their scales by the threads.
 
 A shared expert (always on, this rank's own tokens; no dispatch, no combine) is computed inside the same launch when
 the layer is built with `shared_inter=Is` and called with `shared=(w13s [2Is, H], w2s [H, Is])`: its tiles take the
@@ -305,8 +305,6 @@ class MoEMegakernel:
             if hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter % FP8_BLOCK:
                 raise ValueError(f"FP8 experts need hidden, inter and shared_inter multiples of {FP8_BLOCK} (their "
                                  f"scale blocks), got hidden {hidden}, inter {inter}, shared_inter {shared_inter}")
-            if dispatch != "threads":
-                raise ValueError("FP8 experts dispatch by threads (dispatch='threads'), not by bulk copies")
         if placement.num_experts != num_experts:
             raise ValueError(f"placement has {placement.num_experts} experts, the layer {num_experts}")
         if max_tokens < 1:

@@ -146,9 +146,6 @@ class WeaveMoE(torch.nn.Module):
                 raise ValueError(f"expert_dtype='fp8' needs shared_inter a multiple of {FP8_BLOCK} (the FP8 shared "
                                  f"expert's scale blocks), got shared_inter {shared_inter}: or use bf16 experts "
                                  f"(expert_dtype='bf16')")
-            if kernel_kwargs.get("dispatch", "threads") != "threads":
-                raise ValueError(f"expert_dtype='fp8' dispatches by threads (dispatch='threads'), got "
-                                 f"dispatch={kernel_kwargs['dispatch']!r}")
         kernel_args = kernel_options()
         unknown = sorted(set(kernel_kwargs) - kernel_args)
         if unknown:

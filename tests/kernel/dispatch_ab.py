@@ -8,7 +8,8 @@ output is checked against the fp32 reference (rel. error <= 1e-2, outputs poison
 outputs must be bitwise equal (only the copy differs). Then, per policy, the layers are timed in alternation
 (median over repetitions of back-to-back calls), and one call of each records its timeline: the dispatch span
 per rank (first dispatch start to last dispatch end over the comm CTAs) gives the copy rate, bytes / span.
-Prints one table; exits 1 on a failed check.
+Prints one table; exits 1 on a failed check. `--expert-dtype fp8`: FP8 experts (e4m3 rows of H bytes, their
+scales by the threads in every mode), checked against fp8.moe_reference_fp8.
 
     python tests/kernel/dispatch_ab.py [--models qwen3-30b-a3b,deepseek-v2-lite] [--tokens 4096] [--policies static:4,static:8]
 """
@@ -21,6 +22,7 @@ import sys
 import numpy as np
 import torch
 
+from weave_kernel.fp8 import moe_reference_fp8, quantize_experts
 from weave_kernel.reference import make_weights, moe_reference
 from weave_kernel.routing import skewed_routing
 from weave_kernel.virtual import VirtualRanks
@@ -58,6 +60,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--modes", default="threads,bulk", help="dispatch modes; the first is the baseline")
+    ap.add_argument("--expert-dtype", default="bf16", choices=("bf16", "fp8"))
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     world, n = 2, args.tokens
@@ -68,20 +71,30 @@ def main() -> int:
         pl = contiguous(E, world)
         gen = torch.Generator(device=dev).manual_seed(100 + mi)
         w13_all, w2_all = make_weights(E, H, I, device=dev, generator=gen)
-        w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
-        w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+        fp8 = args.expert_dtype == "fp8"
+        if fp8:  # (q, s) pairs; a rank's experts are rows of both
+            w13_all, w2_all = quantize_experts(w13_all, w2_all)
+
+        def local(w, r):
+            sel = torch.as_tensor(pl.local_experts(r), device=dev)
+            return tuple(t[sel].contiguous() for t in w) if fp8 else w[sel].contiguous()
+        w13s = [local(w13_all, r) for r in range(world)]
+        w2s = [local(w2_all, r) for r in range(world)]
+        row_bytes = H + 4 * (H // 128) if fp8 else 2 * H  # e4m3 row and its fp32 scales, or the bf16 row
         ids, ws, xs = [], [], []
         for r in range(world):
             i, w = skewed_routing(n, E, k, seed=1000 * mi + r, zipf_s=1.0)
             ids.append(torch.as_tensor(i).to(dev))
             ws.append(torch.as_tensor(w).to(dev))
             xs.append(torch.randn(n, H, generator=torch.Generator().manual_seed(7 * mi + r)).to(torch.bfloat16).to(dev))
-        ref = list(torch.split(moe_reference(torch.cat(xs), torch.cat(ids), torch.cat(ws), w13_all, w2_all), n))
+        oracle = moe_reference_fp8 if fp8 else moe_reference
+        ref = list(torch.split(oracle(torch.cat(xs), torch.cat(ids), torch.cat(ws), w13_all, w2_all).float(), n))
         owner = np.asarray(pl.owner)
         sent = [int(np.sum(owner[ids[r].cpu().numpy()] != r)) for r in range(world)]  # rows leaving each rank
         modes = args.modes.split(",")
         layers = {mode: VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=n,
-                                     timeline_per_cta=512, dispatch=mode) for mode in modes}
+                                     timeline_per_cta=512, dispatch=mode, expert_dtype=args.expert_dtype)
+                  for mode in modes}
         ctas = layers[modes[0]].num_ctas
         del w13_all, w2_all
         for pol in args.policies.split(","):
@@ -110,13 +123,14 @@ def main() -> int:
                 vr(xs, ids, ws, w13s, w2s, policy=pol, record_timeline=True)
                 torch.cuda.synchronize()
                 spans = [dispatch_span_us(vr[r])[0] for r in range(world)]
-                gbs[m] = min(2 * H * s / (sp * 1e3) for s, sp in zip(sent, spans))
+                gbs[m] = min(row_bytes * s / (sp * 1e3) for s, sp in zip(sent, spans))
             med = {m: statistics.median(t) for m, t in times.items()}
             rows.append((name, pol, med, gbs, max(errs.values()), same))
             print(f"{name} {pol}: " + ", ".join(f"{m} {med[m]:.3f} ms {gbs[m]:.0f} GB/s" for m in modes), flush=True)
         del layers
         torch.cuda.empty_cache()
-    print(f"\ndispatch A/B on one GPU ({torch.cuda.get_device_name(dev)}), 2 virtual ranks x {ctas} CTAs, {n} tokens "
+    print(f"\ndispatch A/B on one GPU ({torch.cuda.get_device_name(dev)}), {args.expert_dtype} experts, 2 virtual ranks x "
+          f"{ctas} CTAs, {n} tokens "
           f"per rank, Zipf(1.0) routing; a push is a copy inside one HBM. ms: median layer time; x: baseline time / "
           f"mode time (> 1: faster); GB/s: rows pushed by the slower rank over its dispatch span")
     head = f"{'model':<18}{'policy':<10}" + "".join(f"{m + ' ms':>14}{'x':>7}{'GB/s':>6}" for m in modes)

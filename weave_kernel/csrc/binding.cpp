@@ -154,7 +154,6 @@ void check_params(const weave::Params& p) {
       throw std::invalid_argument("weave launch: FP8 experts need hidden, inter and inter_shared multiples of 128");
     if (p.inter_shared > 0 && (p.w13s_scale == nullptr || p.w2s_scale == nullptr || p.hs_scale == nullptr))
       throw std::invalid_argument("weave launch: an FP8 shared expert needs w13s_scale, w2s_scale and hs_scale");
-    if (p.dispatch_bulk != 0) throw std::invalid_argument("weave launch: FP8 experts dispatch by threads, not bulk copies");
     if (p.x_q == nullptr || p.x_scale == nullptr || p.w13_scale == nullptr || p.w2_scale == nullptr ||
         p.h_scale == nullptr || p.off_recv_xs <= 0)
       throw std::invalid_argument("weave launch: FP8 experts need x_q, x_scale, w13_scale, w2_scale, h_scale, off_recv_xs");

@@ -71,6 +71,12 @@ __device__ __forceinline__ void bulk_wait_read(int n) {  // n clamped to [0, 7]
   }
 }
 
+// Generic-proxy writes to global memory (this thread's, and those made visible to it) before this thread's later
+// async-proxy accesses there: FP8's x_q, written by quantize_x in this launch and read by the dispatch's bulk loads.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 // Until every bulk group of this thread is complete (its writes done), then order them before this thread's
 // later generic-proxy operations.
 __device__ __forceinline__ void bulk_wait_all() {
@@ -111,6 +117,7 @@ __device__ __forceinline__ bool bulk_copy_rows(const Params& p, BulkRing& r, uin
     mbar_arrive_expect_tx(&bar[slot], bytes);
     bulk_load(base + slot * slot_bytes, reinterpret_cast<const uint8_t*>(src_row(m)) + off, bytes, &bar[slot]);
   };
+  fence_proxy_async_global();  // rows written in this launch (FP8's x_q) before the loads read them
   for (int u = 0; u < min(S, n); ++u) load(u);
   bool ok = true;
   for (int u = 0; u < n; ++u) {

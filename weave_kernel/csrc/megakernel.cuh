@@ -121,7 +121,10 @@ __device__ __forceinline__ bool routing_phase(const Params& p, SharedLayout& s) 
       st_release_sys_u64(sym<uint64_t>(p, g, p.off_count_flag) + p.rank, s.epoch);
     }
   }
-  if (p.fp8) quantize_x(p);
+  if (p.fp8) {
+    quantize_x(p);
+    if (p.dispatch_bulk) fence_proxy_async_global();  // x_q is read by bulk copies after the barrier (bulk_copy.cuh)
+  }
   if (!grid_barrier(p, 1)) return false;  // sorted_pair (and FP8's x_q) complete before anyone dispatches
 
   // weave: the CTAs that evaluate the choice. Its grid ends at the table's max_comm_sms, so under `weave` the
@@ -275,8 +278,8 @@ __device__ __forceinline__ bool sequential_combine(const Params& p, SharedLayout
   return true;
 }
 
-// Built three times: bf16 with the shared expert's code (p.inter_shared > 0) and without it (tasks.cuh), and FP8
-// experts without it (kF8: p.fp8 = 1; its tiles in pipeline.cuh / tasks.cuh).
+// Built four times: bf16 and FP8 experts (kF8: p.fp8 = 1; its tiles in pipeline.cuh / tasks.cuh), each with the
+// shared expert's code (p.inter_shared > 0) and without it (tasks.cuh).
 template <bool kShared, bool kF8 = false>
 __global__ void __launch_bounds__(Config::kThreads, 1) weave_moe_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];

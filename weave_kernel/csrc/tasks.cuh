@@ -89,16 +89,18 @@ __device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s,
   const int row_chunks = p.fp8 ? H / 16 : H / 8;  // e4m3 rows: H bytes (and their scales, below)
   auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
   auto dst_row = [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; };
+  if (p.fp8) {  // the rows' scales, H / 128 floats each, by the threads (also before bulk copies of the rows)
+    const int ns = H / 128, st = fp8_scale_stride(H);
+    float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * st;
+    for (int i = threadIdx.x; i < b.num_rows * ns; i += Config::kThreads)
+      rs[(i / ns) * st + i % ns] = __ldcg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * st + i % ns);
+  }
   if (p.dispatch_bulk) {
-    if (!bulk_copy_rows_cta(p, s.ring, smem, b.num_rows, H * 2, src_row, dst_row)) return false;  // ends with a barrier
+    // rows of 16 * row_chunks bytes (bf16: 2H, e4m3: H); ends with a CTA barrier, after which thread 0's fence
+    // below orders the other threads' scale stores too, as the barrier after copy_rows does
+    if (!bulk_copy_rows_cta(p, s.ring, smem, b.num_rows, row_chunks * 16, src_row, dst_row)) return false;
   } else {
     copy_rows(b.num_rows, row_chunks, src_row, dst_row);
-    if (p.fp8) {  // the rows' scales, H / 128 floats each (bulk dispatch is refused with FP8)
-      const int ns = H / 128, st = fp8_scale_stride(H);
-      float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * st;
-      for (int i = threadIdx.x; i < b.num_rows * ns; i += Config::kThreads)
-        rs[(i / ns) * st + i % ns] = __ldcg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * st + i % ns);
-    }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
