@@ -24,7 +24,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, F8D, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, F8D, F8B, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -60,6 +60,11 @@ want F8D && bench bench_F8SH_$TAG --models deepseek-v2-lite,deepseek-v3 --tokens
   --shared first --expert-dtype fp8
 want F8D && bench bench_F8SHbf_$TAG --models deepseek-v2-lite,deepseek-v3 --tokens 2048,4096 --comm 8,20 --weave-comm= --no-sequential \
   --shared first
+# F8B: FP8 rows by bulk copies against by threads (--ab-dispatch, the same layer timed both ways in alternation; on
+# two virtual ranks of one GPU in docs/kernel.md "FP8 rows by bulk copies"), after fp8_worker's bulk cases
+want F8B && { timeout 150 python3 tests/kernel/fp8_worker.py > $R/fp8_worker_bulk_$TAG.log 2>&1; echo "fp8_worker rc $? [${SECONDS}s]"; }
+want F8B && bench bench_F8B_$TAG --models $M --tokens 2048,4096,8192 --comm 4,8,20 --weave-comm 8 --ab-dispatch --repeats 3 \
+  --expert-dtype fp8
 want P && bench bench_P_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted --comm 8,20 --weave-comm= --placement balanced
 want P && bench bench_Ptrace_$TAG --models gpt-oss-20b --tokens 2048,4096,8192 --routing-trace default --comm 8,20 --weave-comm= \
   --placement balanced
