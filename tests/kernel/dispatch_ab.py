@@ -9,7 +9,7 @@ outputs must be bitwise equal (only the copy differs). Then, per policy, the lay
 (median over repetitions of back-to-back calls), and one call of each records its timeline: the dispatch span
 per rank (first dispatch start to last dispatch end over the comm CTAs) gives the copy rate, bytes / span.
 Prints one table; exits 1 on a failed check. `--expert-dtype fp8`: FP8 experts (e4m3 rows of H bytes, their
-scales by the threads in every mode), checked against fp8.moe_reference_fp8.
+scales by the threads in every mode), checked against fp8.moe_reference_fp8 (rel. error <= 3e-2, fp8_worker's).
 
     python tests/kernel/dispatch_ab.py [--models qwen3-30b-a3b,deepseek-v2-lite] [--tokens 4096] [--policies static:4,static:8]
 """
@@ -29,7 +29,8 @@ from weave_kernel.virtual import VirtualRanks
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
 
-TOL = 1e-2
+TOL = 1e-2  # bf16 against moe_reference
+TOL_FP8 = 3e-2  # FP8 against moe_reference_fp8, as tests/kernel/fp8_worker.py (h's e4m3 rounding follows the fp32 sums)
 
 
 def dispatch_span_us(layer) -> tuple[float, int]:
@@ -61,8 +62,15 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--modes", default="threads,bulk", help="dispatch modes; the first is the baseline")
     ap.add_argument("--expert-dtype", default="bf16", choices=("bf16", "fp8"))
+    ap.add_argument("--csrc", default="", help="build the layers from these kernel sources (an A/B of two versions "
+                                               "runs this script once per version in one call)")
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
+    ext = None
+    if args.csrc:
+        from weave_kernel.build import load_extension
+
+        ext = load_extension(csrc=args.csrc)
     world, n = 2, args.tokens
     failures, rows, ctas, modes = [], [], 0, args.modes.split(",")
     for mi, name in enumerate(args.models.split(",")):
@@ -93,7 +101,7 @@ def main() -> int:
         sent = [int(np.sum(owner[ids[r].cpu().numpy()] != r)) for r in range(world)]  # rows leaving each rank
         modes = args.modes.split(",")
         layers = {mode: VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=n,
-                                     timeline_per_cta=512, dispatch=mode, expert_dtype=args.expert_dtype)
+                                     timeline_per_cta=512, dispatch=mode, expert_dtype=args.expert_dtype, ext=ext)
                   for mode in modes}
         ctas = layers[modes[0]].num_ctas
         del w13_all, w2_all
@@ -106,7 +114,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 e = [float((o[r].float() - ref[r]).norm() / ref[r].norm()) if torch.isfinite(o[r]).all()
                      else float("inf") for r in range(world)]
-                if max(e) > TOL:
+                if max(e) > (TOL_FP8 if fp8 else TOL):
                     failures.append(f"{name} {pol} {mode}: rel. error {max(e):.2e}")
                 outs[mode], errs[mode] = o, max(e)
             same = all(all(torch.equal(a, b) for a, b in zip(outs[modes[0]], outs[m])) for m in modes[1:])

@@ -5,6 +5,7 @@
 #   quick    gpu_worker --quick (bf16 and FP8 at world 1) and virtual_worker --quick G = 2, 4 --dispatch bulk (bf16)
 #   sanitize compute-sanitizer memcheck and synccheck on fp8_worker --virtual-only
 #   ab       dispatch_ab.py on two virtual ranks, bf16 and FP8, threads / bulk (copy rate and layer time)
+#   abk      dispatch_ab per kernel version (tests/kernel/_ab_old_csrc, then the tree's), FP8 and bf16
 #   bench    bench --expert-dtype fp8 at EP=1 (its FP8 lower-bound fields, first run on a GPU)
 # Always builds first; logs land in $OUT/fp8_bulk.tgz (the device tool returns few files).
 set -o pipefail
@@ -38,6 +39,17 @@ if has ab; then
     timeout 240 python3 tests/kernel/dispatch_ab.py --expert-dtype $dt --models ${AB_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,deepseek-v3} \
       --policies static:8,weave:8 --modes threads,bulk --repeats 5 > $R/dispatch_ab_$dt.log 2>&1
     echo "dispatch_ab $dt rc $? [${SECONDS}s]"; sed -n '/^dispatch A\/B/,$p' $R/dispatch_ab_$dt.log
+  done
+fi
+# abk: the kernel sources in tests/kernel/_ab_old_csrc against the tree's, dispatch_ab in FP8 (then bf16) per version
+if has abk; then
+  for dt in fp8 bf16; do
+    for v in old new; do
+      src=""; [ $v = old ] && src="--csrc tests/kernel/_ab_old_csrc"
+      timeout 200 python3 tests/kernel/dispatch_ab.py --expert-dtype $dt $src --models ${AB_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,deepseek-v3} \
+        --policies static:8,weave:8 --modes threads,bulk --repeats 5 > $R/dispatch_abk_${dt}_$v.log 2>&1
+      echo "dispatch_ab $dt $v rc $? [${SECONDS}s]"; sed -n '/^model /,$p' $R/dispatch_abk_${dt}_$v.log
+    done
   done
 fi
 if has bench; then
