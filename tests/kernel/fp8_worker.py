@@ -285,7 +285,7 @@ def main() -> int:
             traceback.print_exc()
             check(False, "shared expert case: raised")
         virtual = [(w, dict(hidden=384, inter=256, experts=8, top_k=2, seed=10 + w, dispatch=d))
-                   for d in ("threads", "bulk", "bulk:4") for w in (2, 4)]
+                   for d in ("threads", "bulk", "bulk:4", "bulk:1") for w in (2, 4)]  # bulk:1: 64 slots
         # e4m3 rows of 7168 bytes (deepseek-v3's hidden): one bulk slot each (bf16 rows of that width go in pieces)
         virtual.append((2, dict(hidden=7168, inter=256, experts=4, top_k=2, seed=20, dispatch="bulk")))
         for world, kw in virtual:
