@@ -9,11 +9,8 @@
 #   bench    bench --expert-dtype fp8 at EP=1 (its FP8 lower-bound fields, first run on a GPU)
 # Always builds first; logs land in $OUT/fp8_bulk.tgz (the device tool returns few files).
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 STAGES=${STAGES:-fp8,quick,sanitize,ab,bench}
-has() { [[ ",$STAGES," == *",$1,"* ]]; }
+source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/fp8_bulk; mkdir -p $R
 bash tests/kernel/device_run.sh build 2>&1 | tail -3
 python3 -c "import weave_kernel.build as b; print('csrc', b.sources_digest())" | tee $R/csrc.txt

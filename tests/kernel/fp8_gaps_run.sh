@@ -10,11 +10,8 @@
 #   f8bench  fp8_worker's bf16 / FP8 / bf16 table at EP=1
 # Always builds first; everything lands in $OUT/gaps.tgz (the device tool returns few files).
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 STAGES=${STAGES:-pytest,host,decode,shared,e2e}
-has() { [[ ",$STAGES," == *",$1,"* ]]; }
+source tests/kernel/device_env.sh  # wheels, environment, has()
 bash tests/kernel/device_run.sh build 2>&1 | tail -3
 if has pytest; then
   timeout 240 python3 -m pytest -q -m gpu tests/kernel/test_module_fp8.py > $OUT/pytest_gpu.log 2>&1

@@ -1,6 +1,5 @@
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source tests/kernel/device_env.sh  # wheels, environment
 bash tests/kernel/device_run.sh build,test1 2>&1 | tail -6
 so=$(ls $TORCH_EXTENSIONS_DIR/*/weave_moe_ext*.so | head -1)
 cuobjdump -sass -fun '_ZN5weave16weave_moe_kernelILb0ELb1EEEvNS_6ParamsE' $so > $OUT/sass_fp8.txt 2>&1
