@@ -44,7 +44,10 @@ fi
 if has fp8tile; then  # tile_limits' FP8 modes against the bf16 tile, sustained at the power cap (docs/kernel.md "FP8 experts")
   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr -I weave_kernel/csrc \
     tests/kernel/tile_limits.cu -o /tmp/tile_limits > $OUT/fp8tile.log 2>&1 || { echo "fp8tile: build failed"; tail -5 $OUT/fp8tile.log; }
-  for cfg in "4096 4 2048" "2048 64 256" "7168 32 256"; do
+  # FP8TILE_CFGS: "K E rows" configurations separated by | (tile_limits needs rows in multiples of 256: its 2-CTA modes
+  # pair row blocks)
+  IFS='|' read -ra cfgs <<< "${FP8TILE_CFGS:-4096 4 2048|2048 64 256|7168 32 256}"
+  for cfg in "${cfgs[@]}"; do
     echo "== K E rows = $cfg" >> $OUT/fp8tile.log
     TL_SUSTAIN=${FP8TILE_SUSTAIN_S:-4} TL_SUSTAIN_MODES=${FP8TILE_MODES:-7,14,16,17} timeout 200 /tmp/tile_limits $cfg >> $OUT/fp8tile.log 2>&1
     echo "rc $?" >> $OUT/fp8tile.log
