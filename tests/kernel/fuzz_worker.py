@@ -1,7 +1,9 @@
 """Randomised layers against the fp32 reference on one GPU: geometry, world size, grid, routing and policy drawn
 per case, so that the kernel meets shapes no preset has (H or I of one 64-column step, one expert per rank, top-1,
 duplicate experts within a token, every token on one rank's experts, ranks without tokens, spare buffer room), and
-in about a third of the cases a shared expert of a random width, its tiles first or last.
+in about a third of the cases a shared expert of a random width, its tiles first or last. `--fp8`: the same
+draws as FP8 layers (expert_dtype="fp8": every width rounded up to a multiple of 128, the scale blocks), checked
+against fp8.moe_reference_fp8 within 3e-2.
 
 Each case runs through virtual_worker.run_case (virtual ranks, world 1-8, on this GPU): fresh inputs per rank,
 outputs and scratch poisoned with NaN before every call, ||y - y_ref|| / ||y_ref|| <= 1e-2 per rank, and every
@@ -9,6 +11,7 @@ weave call's in-kernel (c*, K*) compared with weave_sim.costmodel.choose. Correc
 
     python tests/kernel/fuzz_worker.py --cases 40 --seed 1 [--budget-s 300]   # prints one CASE line per case
     python tests/kernel/fuzz_worker.py --seed 1 --only 17                     # replay one case
+    python tests/kernel/fuzz_worker.py --seed 1 --fp8 --budget-s 240          # FP8 experts
 Exit status 1 on any failure. `draw_case` needs no GPU (tests/kernel/test_fuzz_cases.py checks it on CPU).
 """
 from __future__ import annotations
@@ -52,9 +55,15 @@ def _routing(kind: str, num_experts: int, top_k: int, owner_experts: list[int], 
     return route
 
 
-def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
-    """One random layer, deterministic in (seed, index, big); every geometry check_geometry accepts. big: layers of
-    the presets' size (up to 128 experts per rank, H up to 7168, 8192 tokens per rank)."""
+def _fp8_width(d: int) -> int:
+    """A drawn width as an FP8 layer takes it: rounded up to a multiple of 128 (its scale blocks)."""
+    return -(-d // 128) * 128
+
+
+def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False, fp8: bool = False) -> dict:
+    """One random layer, deterministic in (seed, index, big, fp8); every geometry check_geometry accepts. big: layers
+    of the presets' size (up to 128 experts per rank, H up to 7168, 8192 tokens per rank). fp8: FP8 experts, with H,
+    I and the shared width in multiples of 128 (the other fields as drawn for bf16)."""
     rng = np.random.default_rng([seed, index, int(big)])
     max_tokens_cap, max_elems = (2 * MAX_TOKENS, BIG_WEIGHT_ELEMS) if big else (MAX_TOKENS, MAX_WEIGHT_ELEMS)
     world = int(rng.choice([1, 2, 2, 3, 4, 4, 5, 6, 7, 8]))
@@ -66,9 +75,12 @@ def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
     experts = world * per_rank
     top_k = int(rng.integers(1, min(8, experts) + 1))
     hidden, inter = int(rng.choice(BIG_DIMS_H if big else DIMS_H)), int(rng.choice(BIG_DIMS_I if big else DIMS_I))
+    if fp8:
+        hidden, inter = _fp8_width(hidden), _fp8_width(inter)
+    step = 128 if fp8 else 64
     while experts * 3 * hidden * inter > max_elems:
-        hidden = max(64, hidden // 128 * 64)  # halved, still a multiple of 64
-        inter = max(64, inter // 128 * 64)
+        hidden = max(step, hidden // (2 * step) * step)  # halved, still a multiple of step
+        inter = max(step, inter // (2 * step) * step)
     if rng.random() < 0.1:
         tokens = [0] * world  # nobody routes anything
     else:
@@ -89,15 +101,18 @@ def draw_case(seed: int, index: int, sms: int = SMS, big: bool = False) -> dict:
     shared_inter, shared_order = 0, None
     if rs.random() < 0.35:
         shared_inter = int(rs.choice(BIG_DIMS_I if big else DIMS_I)) * int(rs.choice([1, 1, 2]))
-        while shared_inter > 64 and 3 * hidden * shared_inter > max_elems // 4:
-            shared_inter = max(64, shared_inter // 128 * 64)
+        if fp8:
+            shared_inter = _fp8_width(shared_inter)
+        while shared_inter > step and 3 * hidden * shared_inter > max_elems // 4:
+            shared_inter = max(step, shared_inter // (2 * step) * step)
         shared_order = str(rs.choice(["first", "last"]))
     return dict(seed=seed, index=index, big=big, world=world, ctas_per_rank=ctas, experts=experts, top_k=top_k,
                 hidden=hidden, inter=inter, tokens=tokens, max_tokens=max_tokens, routing=routing,
                 zipf_s=round(float(rng.uniform(0.3, 2.5)), 2), hot_rank=int(rng.integers(world)),
                 placement=str(rng.choice(["contiguous", "contiguous", "round-robin", "shuffled"])),
                 dispatch="bulk" if rng.random() < 0.2 else "threads", repeats=int(rng.choice([1, 1, 2])),
-                policies=policies, shared_inter=shared_inter, shared_order=shared_order)
+                policies=policies, shared_inter=shared_inter, shared_order=shared_order,
+                expert_dtype="fp8" if fp8 else "bf16")
 
 
 def case_placement(case: dict):
@@ -127,7 +142,8 @@ def run(case: dict) -> int:
                      tokens=case["tokens"], routing=route, placement=pl, policies=case["policies"],
                      repeats=case["repeats"], seed=case["seed"] * 1000 + case["index"],
                      ctas_per_rank=case["ctas_per_rank"], max_tokens=case["max_tokens"],
-                     shared_inter=case.get("shared_inter", 0), shared_order=case.get("shared_order"))
+                     shared_inter=case.get("shared_inter", 0), shared_order=case.get("shared_order"),
+                     expert_dtype=case.get("expert_dtype", "bf16"))
     del vr  # frees the ranks' buffers at once (test_virtual_ranks_gpu.py checks that)
     torch.cuda.empty_cache()
     return len(vw.FAILURES) - before
@@ -140,6 +156,7 @@ def main() -> int:
     ap.add_argument("--only", type=int, default=None, help="replay case INDEX of --seed")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new case after this many seconds")
     ap.add_argument("--big", action="store_true", help="layers of the presets' size (slower: a few seconds a case)")
+    ap.add_argument("--fp8", action="store_true", help="FP8 experts (widths in multiples of 128)")
     args = ap.parse_args()
     import torch
     import virtual_worker as vw
@@ -149,11 +166,11 @@ def main() -> int:
     for i in [args.only] if args.only is not None else range(args.cases):
         if time.time() - t0 > args.budget_s:
             break
-        case = draw_case(args.seed, i, sms, args.big)
+        case = draw_case(args.seed, i, sms, args.big, args.fp8)
         vw.log(f"CASE {case}")
         bad = run(case)
         vw.log(f"{'PASS' if not bad else 'FAIL'} case {args.seed}/{i}: {bad} failed calls; replay: python "
-               f"tests/kernel/fuzz_worker.py --seed {args.seed} --only {i}{' --big' * args.big}")
+               f"tests/kernel/fuzz_worker.py --seed {args.seed} --only {i}{' --big' * args.big}{' --fp8' * args.fp8}")
         done += 1
     vw.log(f"CHOICE AGREEMENT: {vw.CHOICES[0]}/{vw.CHOICES[1]} (rank, call) pairs: kernel (c*, K*) == "
            f"weave_sim.costmodel.choose")

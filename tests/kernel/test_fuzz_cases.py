@@ -107,3 +107,24 @@ def test_shuffled_placements_split_evenly_and_differ(fz, cases):
         assert pl.owner.tolist() == fz.case_placement(c).owner.tolist()  # replayable
         owners.add(tuple(pl.owner.tolist()))
     assert len(owners) > len(shuffled) // 2
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_fp8_cases_are_the_bf16_draws_with_widths_in_128s(fz, big):
+    """--fp8: the same layer draws (world, grid, experts, routing, tokens, policies, ...) with H, I and the shared
+    width rounded up to the scale blocks, inside the same weight budget; bf16 draws are what they were."""
+    from weave_kernel.fp8 import BLOCK
+
+    budget = fz.BIG_WEIGHT_ELEMS if big else fz.MAX_WEIGHT_ELEMS
+    widths = ("hidden", "inter", "shared_inter")
+    for i in range(150 if not big else 60):
+        b, f = fz.draw_case(3, i, big=big), fz.draw_case(3, i, big=big, fp8=True)
+        assert b["expert_dtype"] == "bf16" and f["expert_dtype"] == "fp8"
+        assert {k: v for k, v in b.items() if k not in widths + ("expert_dtype",)} == \
+            {k: v for k, v in f.items() if k not in widths + ("expert_dtype",)}
+        assert f["hidden"] % BLOCK == 0 and f["inter"] % BLOCK == 0 and f["shared_inter"] % BLOCK == 0
+        assert f["experts"] * 3 * f["hidden"] * f["inter"] <= budget
+        assert (f["shared_inter"] > 0) == (b["shared_inter"] > 0)
+        check_geometry(f["hidden"], f["inter"], f["experts"], f["top_k"], f["world"], f["world"], f["shared_inter"])
+        if b["hidden"] % BLOCK == 0 and b["inter"] % BLOCK == 0 and b["experts"] * 3 * b["hidden"] * b["inter"] <= budget:
+            assert (f["hidden"], f["inter"]) == (b["hidden"], b["inter"])  # already FP8's shape: unchanged

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice
+from weave_kernel.fp8 import moe_reference_fp8, quantize_experts, quantize_weight, shared_ffn_fp8
 from weave_kernel.reference import make_shared_weights, make_weights, moe_reference, shared_ffn
 from weave_kernel.routing import single_expert_routing, skewed_routing
 from weave_kernel.virtual import VirtualRanks
@@ -28,6 +29,7 @@ from weave_sim.placement import Placement, balanced, contiguous, explicit, round
 from weave_sim.presets import get_model
 
 TOL = 1e-2
+TOL_FP8 = 3e-2  # FP8 experts against fp8.moe_reference_fp8 (tests/kernel/fp8_worker.py's tolerance)
 FAILURES: list[str] = []
 CHOICES = [0, 0]
 DISPATCH = ["threads"]  # how comm CTAs copy rows (MoEMegakernel's `dispatch`), set by --dispatch
@@ -55,10 +57,15 @@ def policies_for(n: int) -> tuple[str, ...]:
 def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, inter: int, num_experts: int,
              top_k: int, tokens: list[int], routing="skewed", placement: str | Placement = "contiguous",
              policies=None, repeats: int = 1, seed: int = 0, ctas_per_rank: int | None = None,
-             max_tokens: int | None = None, shared_inter: int = 0, shared_order: str | None = None) -> VirtualRanks:
+             max_tokens: int | None = None, shared_inter: int = 0, shared_order: str | None = None,
+             expert_dtype: str = "bf16") -> VirtualRanks:
     """routing: "skewed", "one_expert" or a callable (num_tokens, seed) -> (ids int32 [n, k], weights float32 [n, k]).
     placement: "contiguous", "round-robin" or a Placement. shared_inter > 0: a shared expert of that width on every
-    rank, called in `shared_order` ("first" / "last"; None: the layer's calls leave it out)."""
+    rank, called in `shared_order` ("first" / "last"; None: the layer's calls leave it out). expert_dtype "fp8": the
+    same weights quantized (fp8.quantize_experts / quantize_weight), checked against fp8.moe_reference_fp8 (+
+    fp8.shared_ffn_fp8 rounded to bf16, as the kernel adds it) within TOL_FP8."""
+    fp8 = expert_dtype == "fp8"
+    tol = TOL_FP8 if fp8 else TOL
     dev = torch.device("cuda", torch.cuda.current_device())
     if isinstance(placement, Placement):
         pl = placement
@@ -67,14 +74,22 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
     if vr is None:
         vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, placement=pl,
                           max_tokens=max_tokens or max(max(tokens), 1), dispatch=DISPATCH[0],
-                          ctas_per_rank=ctas_per_rank, shared_inter=shared_inter)
+                          ctas_per_rank=ctas_per_rank, shared_inter=shared_inter, expert_dtype=expert_dtype)
     policies = policies or policies_for(vr.num_ctas)
     gen = torch.Generator(device=dev).manual_seed(1000 + seed)
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
-    w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
-    w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+    if fp8:
+        w13_all, w2_all = quantize_experts(w13_all, w2_all)
+
+    def local(w, r):  # rank r's experts: rows of the tensor, or of both tensors of an FP8 (q, s) pair
+        sel = torch.as_tensor(pl.local_experts(r), device=dev)
+        return tuple(t[sel].contiguous() for t in w) if fp8 else w[sel].contiguous()
+    w13s = [local(w13_all, r) for r in range(world)]
+    w2s = [local(w2_all, r) for r in range(world)]
     model = geometry_model(hidden, inter, num_experts, top_k)
     sw = make_shared_weights(hidden, shared_inter, device=dev, generator=gen) if shared_order else None
+    if fp8 and sw is not None:
+        sw = (quantize_weight(sw[0]), quantize_weight(sw[1]))
     for rep in range(repeats):
         ids, ws, xs = [], [], []
         for r in range(world):
@@ -89,9 +104,12 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
             ids.append(i)
             ws.append(w)
             xs.append(torch.randn(n, hidden, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16))
-        ref_all = moe_reference(torch.cat(xs).to(dev), torch.as_tensor(np.concatenate(ids)).to(dev),
-                                torch.as_tensor(np.concatenate(ws)).to(dev), w13_all, w2_all)
-        if sw is not None:
+        oracle = moe_reference_fp8 if fp8 else moe_reference
+        ref_all = oracle(torch.cat(xs).to(dev), torch.as_tensor(np.concatenate(ids)).to(dev),
+                         torch.as_tensor(np.concatenate(ws)).to(dev), w13_all, w2_all).float()
+        if sw is not None and fp8:
+            ref_all = ref_all + shared_ffn_fp8(torch.cat(xs).to(dev), *sw).to(torch.bfloat16).float()
+        elif sw is not None:
             ref_all = ref_all + shared_ffn(torch.cat(xs).to(dev).float(), sw[0].float(), sw[1].float())
         refs = list(torch.split(ref_all, [x.shape[0] for x in xs]))
         xs_d = [x.to(dev) for x in xs]
@@ -112,10 +130,11 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
                 errs = [float("inf")] * world
                 vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k,
                                   placement=pl, max_tokens=vr[0].max_tokens, dispatch=DISPATCH[0],
-                                  ctas_per_rank=vr.num_ctas, shared_inter=vr[0].shared_inter)
-            ok = all(e <= TOL for e in errs)
+                                  ctas_per_rank=vr.num_ctas, shared_inter=vr[0].shared_inter,
+                                  expert_dtype=expert_dtype)
+            ok = all(e <= tol for e in errs)
             log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok}"
-                f"{'' if sw is None else ' shared:' + shared_order} "
+                f"{'' if sw is None else ' shared:' + shared_order}{' fp8' if fp8 else ''} "
                 f"rel_err max {max(errs):.2e}")
             if not ok:
                 FAILURES.append(f"G={world} {name} rep {rep} {pol}")
