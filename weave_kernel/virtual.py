@@ -87,7 +87,8 @@ class VirtualRanks:
         """One call of the layer on every rank (lists indexed by rank). Every rank's inputs are checked before
         any grid starts (a rank that never launches would leave the others waiting until their timeout).
         check=True also synchronises and raises if any rank's kernel flagged an error.
-        shared: None or, per rank, the shared expert's (w13s, w2s); shared_scales: None or per rank [N_r] fp32
+        shared: None or, per rank, the shared expert's (w13s, w2s) (FP8 ranks: ((q, s), (q, s)) as
+        MoEMegakernel.__call__ takes them); shared_scales: None or per rank [N_r] fp32
         (MoEMegakernel.__call__'s shared_scale)."""
         args = (xs, topk_ids, topk_weights, w13s, w2s) + ((outs,) if outs is not None else ()) + \
             ((shared,) if shared is not None else ())
@@ -105,7 +106,7 @@ class VirtualRanks:
                 if layer.shared_inter <= 0:
                     raise ValueError("shared= needs the ranks built with shared_inter > 0")
                 check_shared_weights(shared[r][0], shared[r][1], hidden=layer.hidden, inter_shared=layer.shared_inter,
-                                     device=self.device)
+                                     device=self.device, fp8=layer.fp8)
         if shared_order not in SHARED_ORDERS:
             raise ValueError(f"shared_order must be one of {SHARED_ORDERS}, got {shared_order!r}")
         if check and any(layer._unread or layer._captured for layer in self.layers):
@@ -114,8 +115,9 @@ class VirtualRanks:
         ys = []
         for r, (layer, stream) in enumerate(zip(self.layers, self.streams)):
             stream.wait_stream(cur)  # inputs written on the caller's stream
-            ws = tuple(w13s[r]) + tuple(w2s[r]) if layer.fp8 else (w13s[r], w2s[r])  # FP8: (weights, scales) pairs
-            for t in (xs[r], topk_ids[r], topk_weights[r]) + ws + (tuple(shared[r]) if shared else ()):
+            pairs = (w13s[r], w2s[r]) + (tuple(shared[r]) if shared else ())
+            ws = tuple(t for p in pairs for t in p) if layer.fp8 else pairs  # FP8: (weights, scales) pairs
+            for t in (xs[r], topk_ids[r], topk_weights[r]) + ws:
                 t.record_stream(stream)  # not reused by the allocator before this rank's grid is done
             with torch.cuda.stream(stream):
                 ys.append(layer(xs[r], topk_ids[r], topk_weights[r], w13s[r], w2s[r], policy=policy, check=False,

@@ -88,3 +88,30 @@ def test_dispatch_mode_is_checked_before_anything_is_built():
             mk.MoEMegakernel(hidden=256, inter=128, num_experts=8, top_k=2, placement=contiguous(8, 2), max_tokens=64,
                              virtual=(0, 2), device="cpu", dispatch=bad)
     assert mk.DISPATCH_MODES == ("threads", "bulk") and mk.dispatch_issuers("bulk:12") == 12
+
+
+def test_fp8_ranks_check_fp8_shared_experts():
+    """VirtualRanks validates an FP8 layer's shared expert as FP8 (q, s) pairs, as MoEMegakernel does (it checked them
+    as bf16 tensors and refused every FP8 shared expert: found by fuzz_worker --fp8)."""
+    from types import SimpleNamespace
+
+    from weave_kernel.fp8 import quantize_experts, quantize_weight
+    from weave_kernel.virtual import VirtualRanks
+
+    H, I, Is, E, k, G = 256, 128, 256, 4, 2, 2
+    vr = object.__new__(VirtualRanks)
+    vr.world, vr.device, vr.num_ctas = G, torch.device("cpu"), 66
+    vr.layers = [SimpleNamespace(broken=None, hidden=H, inter=I, num_experts=E, num_local_experts=E // G, top_k=k,
+                                 max_tokens=16, fp8=True, shared_inter=Is, _unread=0, _captured=False)
+                 for _ in range(G)]
+    w13, w2 = quantize_experts(torch.randn(E // G, 2 * I, H), torch.randn(E // G, H, I))
+    shared = (quantize_weight(torch.randn(2 * Is, H)), quantize_weight(torch.randn(H, Is)))
+    xs = [torch.randn(8, H).to(torch.bfloat16) for _ in range(G)]
+    ids = [torch.tensor([[0, 1]] * 8, dtype=torch.int32) for _ in range(G)]
+    tws = [torch.full((8, k), 0.5) for _ in range(G)]
+    # every rank's inputs pass (FP8 pairs for experts and shared expert); the call then stops at the bad order
+    with pytest.raises(ValueError, match="shared_order must be one of"):
+        vr(xs, ids, tws, [w13] * G, [w2] * G, shared=[shared] * G, shared_order="middle")
+    bf16_shared = (torch.randn(2 * Is, H).to(torch.bfloat16), torch.randn(H, Is).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="w13s of an FP8 layer must be a pair"):
+        vr(xs, ids, tws, [w13] * G, [w2] * G, shared=[bf16_shared] * G)

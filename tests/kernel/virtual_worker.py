@@ -135,7 +135,7 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
             ok = all(e <= tol for e in errs)
             log(f"{'PASS' if ok else 'FAIL'} G={world} {name:<30} rep {rep} {pol:<11} tokens {ntok}"
                 f"{'' if sw is None else ' shared:' + shared_order}{' fp8' if fp8 else ''} "
-                f"rel_err max {max(errs):.2e}")
+                f"rel_err max {max(errs):.2e}" + (f" (ranks {' '.join(f'{e:.1e}' for e in errs)})" if world > 1 else ""))
             if not ok:
                 FAILURES.append(f"G={world} {name} rep {rep} {pol}")
             if pol.startswith("weave") and ok:
