@@ -39,6 +39,11 @@ def test_random_layers():
     _run(str(FUZZ), "--cases", "16", "--seed", str(int.from_bytes(os.urandom(2), "little")))
 
 
+def test_random_fp8_layers():
+    """The same random layers as FP8 experts (fuzz_worker.py --fp8; shared experts included), a fresh seed each run."""
+    _run(str(FUZZ), "--cases", "12", "--fp8", "--seed", str(int.from_bytes(os.urandom(2), "little")))
+
+
 def test_virtual_ranks_free_their_memory_without_the_collector():
     """Dropping a VirtualRanks frees every rank's buffers at once: no reference cycle between the ranks (the fuzz
     worker ran out of GPU memory when connect() kept the peer layers themselves)."""
