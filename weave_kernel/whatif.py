@@ -189,53 +189,85 @@ def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]
     return data, picked
 
 
+def parse_variants(text: str) -> list[tuple[str, float]]:
+    """One variant, or several joined by '+' (e.g. fp8:1.25+push:2), applied in that order to the changed side.
+    decide:NS changes both sides and stands alone; no kind twice."""
+    steps = [parse_variant(part) for part in text.split("+")]
+    kinds = [k for k, _ in steps]
+    if len(steps) > 1 and "decide" in kinds:
+        raise ValueError(f"variant {text!r}: decide:NS changes the as-built side too, so it cannot be combined")
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"variant {text!r}: each kind at most once")
+    return steps
+
+
+def _apply_variant(kind: str, speedup: float, result: dict, cfg: dict, work, opts: dict, profile):
+    """The changed side after one variant: (workload, engine options, profile)."""
+    if kind == "dedup":
+        return result_workload(result, distinct_dispatch_rows(result, cfg)), {**opts, "dispatch_order": "token"}, profile
+    if kind == "pad":
+        if "expert_pad_rows" not in opts:
+            raise ValueError(f"pad:R models the expert-packed kernel layout; this result ran {opts}")
+        return work, {**opts, "expert_pad_rows": int(speedup)}, profile
+    if kind == "nosteal":  # the engine policy changes (whatif_result), nothing else
+        return work, opts, profile
+    if kind == "queue":
+        if opts.get("dispatch_order") != "piece":
+            raise ValueError(f"queue models the kernel's dispatch pieces; this result ran {opts}")
+        return work, {**opts, "piece_deal": "queue"}, profile
+    if kind == "piece":
+        if opts.get("dispatch_order") != "piece":
+            raise ValueError(f"piece:NS models the kernel's dispatch pieces; this result ran {opts}")
+        return work, opts, with_fixed_cost(profile, "dispatch_piece", speedup)
+    if kind == "gemm":
+        return work, opts, rescaled(profile, gemm=speedup)
+    if kind == "fp8":
+        if opts.get("expert_dtype") == "fp8":
+            raise ValueError("fp8:S asks what FP8 experts would change; this result already ran them")
+        return work, {**opts, "expert_dtype": "fp8"}, fp8_profile(profile, speedup)
+    if kind == "push":
+        return work, opts, rescaled(profile, push=speedup)
+    return work, opts, energy_scaled(profile, speedup)
+
+
 def whatif_result(result: dict, profile, cfg: dict, variant: str = "dedup") -> dict:
-    kind, speedup = parse_variant(variant)
+    steps = parse_variants(variant)
     profile = profile_for_result(result, profile)  # a bench --num-ctas result: that many SMs
     as_built = result_workload(result)
     opts = kernel_options(result)
-    if kind == "dedup":
-        changed = result_workload(result, distinct_dispatch_rows(result, cfg))
-        changed_opts, changed_profile = {**opts, "dispatch_order": "token"}, profile
-    elif kind == "pad":
-        if "expert_pad_rows" not in opts:
-            raise ValueError(f"pad:R models the expert-packed kernel layout; this result ran {opts}")
-        changed, changed_opts, changed_profile = as_built, {**opts, "expert_pad_rows": int(speedup)}, profile
-    elif kind == "nosteal":
-        changed, changed_opts, changed_profile = as_built, opts, profile
-    elif kind == "queue":
-        if opts.get("dispatch_order") != "piece":
-            raise ValueError(f"queue models the kernel's dispatch pieces; this result ran {opts}")
-        changed, changed_opts, changed_profile = as_built, {**opts, "piece_deal": "queue"}, profile
-    elif kind == "decide":
-        profile = with_fixed_cost(profile, "decision", speedup)  # both sides; only who waits for the decision differs:
-        opts = {**opts, "kernel_deciders": "all"}  # every SM (before 9caebac) against the deciding SMs only
+    kinds = [k for k, _ in steps]
+    if kinds == ["decide"]:
+        profile = with_fixed_cost(profile, "decision", steps[0][1])  # both sides; only who waits for the decision
+        opts = {**opts, "kernel_deciders": "all"}  # differs: every SM (before 9caebac) against the deciding SMs only
         changed, changed_opts, changed_profile = as_built, {**opts, "kernel_deciders": "table"}, profile
-    elif kind == "piece":
-        if opts.get("dispatch_order") != "piece":
-            raise ValueError(f"piece:NS models the kernel's dispatch pieces; this result ran {opts}")
-        changed, changed_opts, changed_profile = as_built, opts, with_fixed_cost(profile, "dispatch_piece", speedup)
-    elif kind == "gemm":
-        changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, gemm=speedup)
-    elif kind == "fp8":
-        if opts.get("expert_dtype") == "fp8":
-            raise ValueError("fp8:S asks what FP8 experts would change; this result already ran them")
-        changed, changed_opts, changed_profile = as_built, {**opts, "expert_dtype": "fp8"}, fp8_profile(profile, speedup)
-    elif kind == "push":
-        changed, changed_opts, changed_profile = as_built, opts, rescaled(profile, push=speedup)
     else:
-        changed, changed_opts, changed_profile = as_built, opts, energy_scaled(profile, speedup)
+        changed, changed_opts, changed_profile = as_built, opts, profile
+        for kind, speedup in steps:
+            changed, changed_opts, changed_profile = _apply_variant(kind, speedup, result, cfg, changed,
+                                                                    changed_opts, changed_profile)
     out = {"model": result["model"], "tokens_per_gpu": int(result["tokens_per_gpu"]), "variant": variant,
            "measured_ms": {p: result["latency_ms"].get(p.split(":", 1)[1]) for p in POLICIES},
            "dispatch_rows_sent": {"pairs": int(as_built.dispatch_rows_out.sum()),
                                   "distinct": int(changed.dispatch_rows_out.sum())}}
     # the changed side's engine policy (nosteal: the weave split without stealing); results keep POLICIES' names
-    engine = {p: p.replace("kernel:weave", "kernel:weave-nosteal") if kind == "nosteal" else p for p in POLICIES}
+    engine = {p: p.replace("kernel:weave", "kernel:weave-nosteal") if "nosteal" in kinds else p for p in POLICIES}
     for name, w, o, prof, pol in (("as_built", as_built, opts, profile, dict(zip(POLICIES, POLICIES))),
                                   ("changed", changed, changed_opts, changed_profile, engine)):
         out[name] = {p: simulate_layer(w, prof, pol[p], **o).latency_ns / 1e6 for p in POLICIES}
     out["bound_ms"] = result_bound_ms(result, cfg)
     return out
+
+
+def _describe(kind: str, factor: float) -> str:
+    """A variant in words, for the table's title."""
+    return {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
+            "queue": "dispatch pieces claimed from a ticket",
+            "piece": f"{int(factor)} ns per dispatch piece",
+            "gemm": f"GEMM tiles {factor}x faster",
+            "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
+            "pad": f"MMAs of rows rounded up to {int(factor)}",
+            "decide": f"the choice ({int(factor)} ns) made by the SMs below max_comm_sms only",
+            "fp8": f"FP8 experts (half the weight and dispatch bytes, tiles {factor}x faster; bound: the bf16 layer's)"}[kind]
 
 
 def main(argv=None) -> int:
@@ -247,30 +279,24 @@ def main(argv=None) -> int:
                          "round-robin), piece:NS (a dispatch piece's fixed cost NS ns), gemm:S (tiles S times faster), push:S (comm "
                          "CTAs S times faster), energy:S (energy per FLOP x S; power profiles), pad:R (a block's MMAs "
                          "cost its rows rounded up to R), fp8:S (FP8 experts, tiles S times faster) or decide:NS (every SM waiting for an NS-ns choice, before "
-                         "9caebac, vs the deciding SMs only)")
+                         "9caebac, vs the deciding SMs only); several joined by '+' apply in order (fp8:1.25+push:2)")
     ap.add_argument("--tokens", default="", help="only these tokens/GPU, comma-separated")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = ap.parse_args(argv)
     try:
-        kind, factor = parse_variant(args.variant)
+        steps = parse_variants(args.variant)
         profile = load_profile(args.profile)
-        if kind == "energy":
-            energy_scaled(profile, factor)
+        for kind, factor in steps:
+            if kind == "energy":
+                energy_scaled(profile, factor)
         data, picked = results_with_counts(args.bench, args.tokens)
     except ValueError as exc:
         ap.error(str(exc))
     warn_other_kernel(data, profile)
     cfg = data.get("config", {})
     rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
-    what = {"dedup": "dispatch de-duplicated per destination GPU", "nosteal": "weave without bubble stealing",
-            "queue": "dispatch pieces claimed from a ticket",
-            "piece": f"{int(factor)} ns per dispatch piece",
-            "gemm": f"GEMM tiles {factor}x faster",
-            "energy": f"GEMM energy per FLOP x{factor}", "push": f"push per comm CTA {factor}x faster",
-            "pad": f"MMAs of rows rounded up to {int(factor)}",
-            "decide": f"the choice ({int(factor)} ns) made by the SMs below max_comm_sms only",
-            "fp8": f"FP8 experts (half the weight and dispatch bytes, tiles {factor}x faster; bound: the bf16 layer's)"}[kind]
-    built = "every SM waiting for the choice (before 9caebac)" if kind == "decide" else "the kernel as built"
+    what = " + ".join(_describe(kind, factor) for kind, factor in steps)
+    built = "every SM waiting for the choice (before 9caebac)" if steps[0][0] == "decide" else "the kernel as built"
     print(f"simulator ({args.profile}): {built} vs {what}")
     print(f"{'model':>17} {'tokens':>6} {'rows sent':>17} {'weave ms':>17} {'gain':>6} {'static:20 ms':>17} "
           f"{'gain':>6} {'weave/bound':>13}")

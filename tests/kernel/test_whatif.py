@@ -303,3 +303,31 @@ def test_the_bound_of_an_fp8_result_is_the_fp8_one():
     assert bf / 2 <= f8 < bf
     assert result_bound_ms({**r, "expert_dtype": "fp8", "lower_bound_ms": 9.0, "fp8_lower_bound_ms": 4.0}, CFG) == 4.0
     assert result_bound_ms({**r, "lower_bound_ms": 9.0, "fp8_lower_bound_ms": 4.0}, CFG) == 9.0
+
+
+def test_whatif_combines_variants_in_order():
+    """'a+b' applies both to the changed side: FP8 experts whose rows also go 2x faster per comm CTA. The two
+    transforms touch different parts of the profile, so their order does not matter; the pair moves static:20
+    further than FP8 alone (its push-bound dispatch gets faster), and nosteal combines with them."""
+    from weave_kernel.whatif import parse_variants
+    from weave_sim.engine import simulate_layer
+    from weave_sim.validate import kernel_options
+
+    r = _result(top_k=4, tokens=1024)
+    prof = load_profile("h200-megakernel")
+    assert parse_variants("fp8:1.25+push:2") == [("fp8", 1.25), ("push", 2.0)]
+    both = whatif_result(r, prof, CFG, variant="fp8:1.25+push:2")
+    swapped = whatif_result(r, prof, CFG, variant="push:2+fp8:1.25")
+    fp8 = whatif_result(r, prof, CFG, variant="fp8:1.25")
+    assert both["changed"] == swapped["changed"] and both["as_built"] == fp8["as_built"]
+    assert both["changed"]["kernel:static:20"] < fp8["changed"]["kernel:static:20"]
+    ns = whatif_result(r, prof, CFG, variant="fp8:1.25+push:2+nosteal")
+    assert ns["changed"]["kernel:static:20"] == both["changed"]["kernel:static:20"]
+    from weave_kernel.whatif import fp8_profile, rescaled
+    want = simulate_layer(result_workload(r), rescaled(fp8_profile(prof, 1.25), push=2.0), "kernel:weave-nosteal",
+                          **{**kernel_options(r), "expert_dtype": "fp8"}).latency_ns / 1e6
+    assert ns["changed"]["kernel:weave"] == want
+    for bad, match in (("fp8:1.25+decide:600", "cannot be combined"), ("push:2+push:3", "at most once"),
+                       ("fp8:1.25+fast", "unknown variant")):
+        with pytest.raises(ValueError, match=match):
+            parse_variants(bad)
