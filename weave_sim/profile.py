@@ -43,6 +43,9 @@ class PowerModel:
     exponent: float
     w_per_tbs: float = 0.0
     min_clock: float = 0.3  # never predict below this fraction (outside anything measured)
+    # the energy of an MMA on padding rows (zeros in A) relative to one on routed rows; the engine weights the padding
+    # FLOPs by it (engine.run.gemm_power_tflops). 1 = the same (the shipped profiles)
+    pad_energy: float = 1.0
 
     def watts(self, tflops, clock, tbs=0.0) -> np.ndarray:
         """Board power computing `tflops` and moving `tbs` TB/s through HBM (both achieved) at clock fraction
@@ -212,6 +215,8 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         vals = {k: float(pw[k]) for k in _POWER_KEYS}
         vals["w_per_tbs"] = float(pw.get("w_per_tbs", 0.0))
         need(vals["w_per_tbs"] >= 0, "power: w_per_tbs must be >= 0")
+        vals["pad_energy"] = float(pw.get("pad_energy", 1.0))
+        need(0.0 <= vals["pad_energy"] <= 1.0, "power: pad_energy must lie in [0, 1]")
         need(vals["cap_w"] > vals["base_w"] >= 0, "power: cap_w must exceed base_w >= 0")
         need(vals["w_per_tflops"] > 0 and vals["exponent"] >= 0, "power: w_per_tflops > 0 and exponent >= 0")
         power = PowerModel(**vals)

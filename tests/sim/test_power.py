@@ -9,7 +9,7 @@ import pytest
 
 from weave_sim.calibrate import CalibrationError, build_profile, calibrate_file, fit_profile, power_model
 from weave_sim.engine import simulate_layer
-from weave_sim.engine.run import gemm_tflops
+from weave_sim.engine.run import gemm_power_tflops, gemm_tflops
 from weave_sim.engine.testing import ZERO_FIXED, random_layer, tiny_model, tiny_profile
 from weave_sim.profile import PowerModel, ProfileError, profile_from_dict
 
@@ -112,6 +112,32 @@ def test_engine_lowers_the_clock_only_above_the_cap():
     again = PowerModel(**heavy_pw).clock(gemm_tflops(r2), r2.gemm_clock)
     assert np.allclose(again, r2.gemm_clock, atol=0.01)
     assert r2.to_dict()["gemm_clock"] == [round(float(c), 4) for c in r2.gemm_clock]
+
+
+def test_padding_energy_is_parsed_and_weights_only_padding_flops():
+    """power.pad_energy (default 1: the shipped profiles) weights the MMAs on padding rows in the power the engine
+    charges; 0 frees them, so a padded decode-sized layer above the cap runs at a clock >= and in a time <= the
+    default's, and exactly as the default's where nothing is padded."""
+    assert profile_from_dict(_raw_with_power(TRUE)).power.pad_energy == 1.0
+    assert profile_from_dict(_raw_with_power({**TRUE, "pad_energy": 0.25})).power.pad_energy == 0.25
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ProfileError, match="pad_energy"):
+            profile_from_dict(_raw_with_power({**TRUE, "pad_energy": bad}))
+    w = random_layer(1, 64, tiny_model(hidden=512, ffn=512, experts=16, top_k=2), seed=5)  # ~8 rows per expert
+    plain = simulate_layer(w, profile_from_dict(_raw_with_power(None)), "kernel:static:4", expert_pad_rows=128)
+    pad = np.bincount(plain.graph.gpu, weights=plain.graph.pad_flops, minlength=1)
+    assert 0 < pad[0] < plain.graph.flops.sum()  # most of these MMAs are padding
+    assert np.allclose(gemm_power_tflops(plain, 1.0), gemm_tflops(plain))
+    assert np.allclose(gemm_power_tflops(plain, 0.0), gemm_tflops(plain) - pad / plain.latency_ns / 1e3)
+    tf = float(gemm_tflops(plain).max())
+    heavy = {"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 3.0 * 600.0 / tf, "exponent": 1.5}
+    full = simulate_layer(w, profile_from_dict(_raw_with_power(heavy)), "kernel:static:4", expert_pad_rows=128)
+    free = simulate_layer(w, profile_from_dict(_raw_with_power({**heavy, "pad_energy": 0.0})), "kernel:static:4",
+                          expert_pad_rows=128)
+    assert np.all(free.gemm_clock > full.gemm_clock) and free.latency_ns < full.latency_ns
+    unpadded = [simulate_layer(w, profile_from_dict(_raw_with_power({**heavy, "pad_energy": e})), "static:4")
+                for e in (1.0, 0.0)]
+    assert unpadded[0].latency_ns == unpadded[1].latency_ns
 
 
 def test_calibrate_takes_the_power_block_from_another_file(tmp_path):

@@ -101,6 +101,9 @@ class TaskGraph:
     # profile's concurrency scale the core re-evaluates both when a task starts (core.py).
     flop_ns: np.ndarray | None = None
     hbm_ns: np.ndarray | None = None
+    # GEMM tasks' FLOPs on padding rows (float64 [T], 0 elsewhere; included in `flops`): the power model may charge
+    # them less energy (PowerModel.pad_energy: their A operands are zeros).
+    pad_flops: np.ndarray | None = None
     # int8 [T]: SHARED_FIRST / SHARED_LAST for the shared experts' GEMM tasks, 0 elsewhere; None when the graph has
     # none (SimOptions.shared 'off', or a model without shared experts).
     shared: np.ndarray | None = None
@@ -127,17 +130,18 @@ class _Builder:
     def __init__(self) -> None:
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
                                                   ("kind", "gpu", "peer", "work_ns", "nbytes", "tiles",
-                                                   "flops", "prio", "delay_ns", "chunk", "flop_ns", "hbm_ns")}
+                                                   "flops", "prio", "delay_ns", "chunk", "flop_ns", "hbm_ns",
+                                                   "pad_flops")}
         self.n = 0
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
 
     def add(self, kind: int, gpu, *, peer=-1, work_ns=0, nbytes=0, tiles=1, flops=0.0, prio=0,
-            delay_ns=0, chunk=-1, flop_ns=0.0, hbm_ns=0.0) -> np.ndarray:
+            delay_ns=0, chunk=-1, flop_ns=0.0, hbm_ns=0.0, pad_flops=0.0) -> np.ndarray:
         gpu = np.atleast_1d(np.asarray(gpu, dtype=np.int64))
         n = gpu.size
         vals = dict(kind=kind, gpu=gpu, peer=peer, work_ns=work_ns, nbytes=nbytes, tiles=tiles, flops=flops,
-                    prio=prio, delay_ns=delay_ns, chunk=chunk, flop_ns=flop_ns, hbm_ns=hbm_ns)
+                    prio=prio, delay_ns=delay_ns, chunk=chunk, flop_ns=flop_ns, hbm_ns=hbm_ns, pad_flops=pad_flops)
         for key, v in vals.items():
             self.cols[key].append(np.broadcast_to(np.asarray(v), (n,)).copy())
         ids = np.arange(self.n, self.n + n, dtype=np.int64)
@@ -152,7 +156,7 @@ class _Builder:
     def build(self, num_gpus: int, batch: dict, shared: np.ndarray | None = None) -> TaskGraph:
         dtypes = dict(kind=np.int8, gpu=np.int32, peer=np.int32, work_ns=np.int64, nbytes=np.int64,
                       tiles=np.int32, flops=np.float64, prio=np.int64, delay_ns=np.int64, chunk=np.int32,
-                      flop_ns=np.float64, hbm_ns=np.float64)
+                      flop_ns=np.float64, hbm_ns=np.float64, pad_flops=np.float64)
         arr = {k: np.concatenate(v).astype(dtypes[k]) if v else np.zeros(0, dtypes[k])
                for k, v in self.cols.items()}
         src = np.concatenate(self.src) if self.src else np.zeros(0, np.int64)
@@ -397,6 +401,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         batch[g] = _batch_sizes(x, rate, H, I, tile_rows, tile_cols, N, gemm_tasks_per_sm)
     rb_chunk, rb_order, rb_rate = map(np.concatenate, (rb_chunk, rb_order, rb_rate))
     rb_cost_rows = np.concatenate([x["cost_rows"] for x in geo])  # rows the MMAs compute (padding included)
+    rb_rows = np.concatenate([x["rows"] for x in geo])  # routed rows of each block
     rb_blocks = np.concatenate([x["expert_blocks"] for x in geo])
     per_sm_hbm_gbs = profile.hbm_gbs / N  # an SM's share of HBM bandwidth (bytes/ns)
     b0 = np.array([batch[g][0] for g in range(G)])[rb_gpu]
@@ -404,7 +409,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     rb_prio = (rb_chunk.astype(np.int64) << 32) + (rb_order.astype(np.int64) << 8)
 
     def gemm_tasks(kind, width, k_dim, bsz, out_mult, blk_gpu=rb_gpu, cost_rows=rb_cost_rows, blocks=rb_blocks,
-                   rate=rb_rate, prio=rb_prio, chunk=rb_chunk):
+                   rate=rb_rate, prio=rb_prio, chunk=rb_chunk, rows=rb_rows):
         """GEMM tasks of the row blocks described by the per-block arrays (default: the routed experts')."""
         n_tasks = -(-(-(-width // tile_cols)) // bsz)  # ceil(column tiles / batch) per row block
         own = np.repeat(np.arange(n_tasks.size), n_tasks)
@@ -412,6 +417,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         col_lo = t * bsz[own] * tile_cols
         cols = np.minimum(width, col_lo + bsz[own] * tile_cols) - col_lo
         flops = 2.0 * cost_rows[own] * k_dim * out_mult * cols
+        pad_flops = 2.0 * np.maximum(cost_rows[own] - rows[own], 0) * k_dim * out_mult * cols
         # Weight slice (bf16, or fp8 with its block scales) streamed from HBM once per expert, shared by its row
         # blocks (L2 reuse).
         weight_bytes = weight_elem_bytes * k_dim * out_mult * cols / blocks[own]
@@ -421,7 +427,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         hbm_ns = weight_bytes / per_sm_hbm_gbs
         ids = b.add(kind, blk_gpu[own], work_ns=np.ceil(np.maximum(flop_ns, hbm_ns)).astype(np.int64),
                     tiles=-(-cols // tile_cols), flops=flops, prio=prio[own] + (kind == K_GEMM0),
-                    chunk=chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns)
+                    chunk=chunk[own], flop_ns=flop_ns, hbm_ns=hbm_ns, pad_flops=pad_flops)
         return own, ids
 
     own0, g0 = gemm_tasks(K_GEMM0, I, H, b0, 2)  # gate and up: 2 x tile_cols outputs per SwiGLU column
@@ -451,7 +457,7 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
         else:  # above every routed GEMM task
             sb_prio = int(rb_prio.max(initial=-1)) + 2 + (sb_idx << 8)
         sb = dict(blk_gpu=sb_gpu, cost_rows=sb_cost, blocks=nb[sb_gpu], rate=g_rate[sb_gpu], prio=sb_prio,
-                  chunk=np.full(sb_gpu.size, -1))
+                  chunk=np.full(sb_gpu.size, -1), rows=sb_rows)
         bsz0 = np.array([batch[g][0] for g in range(G)])[sb_gpu]
         bsz1 = np.array([batch[g][1] for g in range(G)])[sb_gpu]
         sown0, s0 = gemm_tasks(K_GEMM0, Is, H, bsz0, 2, **sb)

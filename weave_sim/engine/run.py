@@ -159,7 +159,7 @@ class SimContext:
             if power is None:
                 return res
             tbs = np.asarray(self.weight_bytes, dtype=np.float64) / max(res.latency_ns, 1) / 1e3
-            new = power.clock(gemm_tflops(res), clock, tbs)
+            new = power.clock(gemm_power_tflops(res, power.pad_energy), clock, tbs)
             if np.max(np.abs(new - clock)) < POWER_TOLERANCE:
                 break
             clock = new
@@ -201,6 +201,17 @@ def gemm_tflops(res: LayerResult) -> np.ndarray:
     sel = (g.kind == K_GEMM0) | (g.kind == K_GEMM1)
     flops = np.bincount(g.gpu[sel], weights=g.flops[sel], minlength=g.num_gpus)
     return flops / max(res.latency_ns, 1) / 1e3  # FLOP per ns is GFLOP/s
+
+
+def gemm_power_tflops(res: LayerResult, pad_energy: float = 1.0) -> np.ndarray:
+    """Per GPU: the GEMM FLOP rate the power model charges, padding rows' MMAs weighted by pad_energy (1: as routed
+    rows' MMAs; 0: free, their A operands being zeros)."""
+    t = gemm_tflops(res)
+    g = res.graph
+    if pad_energy == 1.0 or g.pad_flops is None:
+        return t
+    pad = np.bincount(g.gpu, weights=g.pad_flops, minlength=g.num_gpus) / max(res.latency_ns, 1) / 1e3
+    return t - (1.0 - pad_energy) * pad
 
 
 @dataclass(eq=False)
