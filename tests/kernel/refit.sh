@@ -6,7 +6,8 @@
 #   POWER_JSON: a measurements file with a power block (default: DIR/calib_TAG.json if it has one)
 # Writes DIR/refit/: h200-calibrated-TAG.json, h200-megakernel-TAG.json (fixed clock, as the kernel's cost table
 # assumes) + -power-TAG.json (the power model without its board-dependent HBM term; with the tiles' fixed cost by K when
-# the calibration measured it, gemm_by_k), validate_*/, tables, gap_TAG.txt; with
+# the calibration measured it, gemm_by_k) and, with a decode run, -power-pad-TAG.json (below), validate_*/, tables,
+# gap_TAG.txt; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch;
 # with FP8 runs in DIR (runs F8 / F8D: bench_F8*_*.json) each one against its bf16 twin and validated.
 # With traces of weave in DIR (final_run.sh run traces / traces_fitted: trace_*weave_*.json) the profiles charge weave's
@@ -42,6 +43,21 @@ if [ -n "$POWER" ]; then
   weave-sim calibrate --fit $A --min-tokens 2048 --base $BASE --power $POWER --no-hbm-power --policies $POL \
     "${KFIX[@]}" "${DEC[@]}" --name h200-megakernel-power-$TAG -o $O/h200-megakernel-power-$TAG.json | tail -2
   weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
+fi
+# with a decode run (final_run.sh run decode: bench_decode_TAG.json) the power profile is also fitted to run A and the
+# decode run together, with padding rows' MMAs charged half the energy (power.pad_energy 0.5), as the shipped
+# h200-megakernel-power-ep1-pad was at EP=1 (docs/kernel.md "Padding's energy"): h200-megakernel-power-pad-TAG.json
+D=$DIR/bench_decode_$TAG.json
+if [ -n "$POWER" ] && [ -f "$D" ]; then
+  python3 tests/kernel/merge_bench.py $O/fit_input_A_decode_$TAG.json $A $D
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['power']['pad_energy']=0.5; p['name']+='-pad'; \
+json.dump(p,open(sys.argv[2],'w'),indent=1)" $O/h200-megakernel-power-$TAG.json $O/base-power-pad-$TAG.json
+  # (the merged decode results are below --min-tokens 2048, so no token floor here)
+  weave-sim calibrate --fit $O/fit_input_A_decode_$TAG.json --base $O/base-power-pad-$TAG.json --policies $POL \
+    "${KFIX[@]}" "${DEC[@]}" --fit-params gemm_scale,fixed_us,barrier_us --name h200-megakernel-power-pad-$TAG \
+    -o $O/h200-megakernel-power-pad-$TAG.json | tail -2
+  weave-sim validate $B --profile $O/h200-megakernel-power-pad-$TAG.json --out $O/validate_power_pad_$TAG \
+    | grep -E "^summary|^warning"
 fi
 if [ -f "$DIR/calib_bulk_$TAG.json" ]; then
   weave-sim calibrate "$DIR/calib_bulk_$TAG.json" --base h200 --name h200-calibrated-bulk-$TAG \
