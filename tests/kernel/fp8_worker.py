@@ -30,7 +30,7 @@ from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.reference import make_shared_weights, make_weights, moe_reference
 from weave_kernel.routing import skewed_routing
 from weave_kernel.virtual import VirtualRanks
-from virtual_worker import log, rel_err  # (this folder is the script's: sys.path[0]; refs passed in fp32)
+from virtual_worker import log, rank_experts, rel_err  # (this folder is the script's: sys.path[0]; refs passed in fp32)
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
 
@@ -140,21 +140,20 @@ def case_virtual(world: int, *, hidden: int, inter: int, experts: int, top_k: in
     g = torch.Generator(device="cpu").manual_seed(seed)
     w13b, w2b = make_weights(experts, hidden, inter, generator=g)
     w13, w2 = quantize_experts(w13b.to(dev), w2b.to(dev))
-    el = experts // world
+    pl = contiguous(experts, world)
     tokens = [int(t) for t in torch.randint(0, 300, (world,), generator=g)]
     tokens[0] = 0 if world > 2 else tokens[0]  # a rank without tokens
     vr = VirtualRanks(world, hidden=hidden, inter=inter, num_experts=experts, top_k=top_k,
-                      placement=contiguous(experts, world), max_tokens=300, device=dev, expert_dtype="fp8",
-                      dispatch=dispatch)
+                      placement=pl, max_tokens=300, device=dev, expert_dtype="fp8", dispatch=dispatch)
     twin = None if dispatch == "threads" else VirtualRanks(
-        world, hidden=hidden, inter=inter, num_experts=experts, top_k=top_k, placement=contiguous(experts, world),
-        max_tokens=300, device=dev, expert_dtype="fp8")
+        world, hidden=hidden, inter=inter, num_experts=experts, top_k=top_k, placement=pl, max_tokens=300, device=dev,
+        expert_dtype="fp8")
     xs = [(torch.randn(n, hidden, generator=g) * 0.5).to(torch.bfloat16).to(dev) for n in tokens]
     routed = [routing(n, experts, top_k, seed + 7 * r, dev) for r, n in enumerate(tokens)]
     ids = [r[0] for r in routed]
     tws = [r[1] for r in routed]
-    w13s = [(w13[0][r * el:(r + 1) * el].contiguous(), w13[1][r * el:(r + 1) * el].contiguous()) for r in range(world)]
-    w2s = [(w2[0][r * el:(r + 1) * el].contiguous(), w2[1][r * el:(r + 1) * el].contiguous()) for r in range(world)]
+    w13s = [rank_experts(w13, pl, r) for r in range(world)]
+    w2s = [rank_experts(w2, pl, r) for r in range(world)]
     ref = moe_reference_fp8(torch.cat(xs), torch.cat(ids), torch.cat(tws), w13, w2).float()
     for pol in ("sequential", "static:4", "weave", "weave-nosteal"):
         vr.poison_scratch()
@@ -285,7 +284,7 @@ def main() -> int:
             traceback.print_exc()
             check(False, "shared expert case: raised")
         virtual = [(w, dict(hidden=384, inter=256, experts=8, top_k=2, seed=10 + w, dispatch=d))
-                   for d in ("threads", "bulk", "bulk:4", "bulk:1") for w in (2, 4)]  # bulk:1: 64 slots
+                   for d in ("threads", "bulk", "bulk:4", "bulk:1") for w in (2, 4)]  # bulk:1: one issuer, 48 slots
         # e4m3 rows of 7168 bytes (deepseek-v3's hidden): one bulk slot each (bf16 rows of that width go in pieces)
         virtual.append((2, dict(hidden=7168, inter=256, experts=4, top_k=2, seed=20, dispatch="bulk")))
         for world, kw in virtual:

@@ -115,3 +115,19 @@ def test_fp8_ranks_check_fp8_shared_experts():
     bf16_shared = (torch.randn(2 * Is, H).to(torch.bfloat16), torch.randn(H, Is).to(torch.bfloat16))
     with pytest.raises(ValueError, match="w13s of an FP8 layer must be a pair"):
         vr(xs, ids, tws, [w13] * G, [w2] * G, shared=[bf16_shared] * G)
+
+
+def test_rank_experts_takes_tensors_and_fp8_pairs_in_local_order(kernel_script):
+    """virtual_worker.rank_experts: a rank's experts (placement.local_experts order) of a tensor or of both tensors
+    of an FP8 (q, s) pair, as the workers hand them to each virtual rank."""
+    from weave_sim.placement import round_robin
+
+    vw = kernel_script("virtual_worker")
+    pl = round_robin(8, 2)
+    w = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
+    s = torch.arange(8, dtype=torch.float32).view(8, 1)
+    for r in range(2):
+        want = list(pl.local_experts(r))
+        assert torch.equal(vw.rank_experts(w, pl, r), w[want])
+        q, sc = vw.rank_experts((w, s), pl, r)
+        assert torch.equal(q, w[want]) and torch.equal(sc, s[want]) and q.is_contiguous()

@@ -52,6 +52,14 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def rank_experts(w, placement: Placement, rank: int):
+    """Rank `rank`'s experts of all-expert weights, in its local order: rows of a tensor [E, ...], or of both tensors
+    of an FP8 (q, s) pair (the layout MoEMegakernel takes)."""
+    if isinstance(w, (tuple, list)):
+        return tuple(rank_experts(t, placement, rank) for t in w)
+    return w[torch.as_tensor(placement.local_experts(rank), device=w.device)].contiguous()
+
+
 def policies_for(n: int) -> tuple[str, ...]:
     """The policies every case runs on a grid of n CTAs per rank: both ends of the static range included."""
     return ("sequential", "static:1", f"static:{max(1, n // 4)}", f"static:{n - 1}", "weave", f"weave:{max(1, n // 2)}",
@@ -86,12 +94,8 @@ def run_case(vr: VirtualRanks | None, name: str, *, world: int, hidden: int, int
     w13_all, w2_all = make_weights(num_experts, hidden, inter, device=dev, generator=gen)
     if fp8:
         w13_all, w2_all = quantize_experts(w13_all, w2_all)
-
-    def local(w, r):  # rank r's experts: rows of the tensor, or of both tensors of an FP8 (q, s) pair
-        sel = torch.as_tensor(pl.local_experts(r), device=dev)
-        return tuple(t[sel].contiguous() for t in w) if fp8 else w[sel].contiguous()
-    w13s = [local(w13_all, r) for r in range(world)]
-    w2s = [local(w2_all, r) for r in range(world)]
+    w13s = [rank_experts(w13_all, pl, r) for r in range(world)]
+    w2s = [rank_experts(w2_all, pl, r) for r in range(world)]
     model = geometry_model(hidden, inter, num_experts, top_k)
     sw = make_shared_weights(hidden, shared_inter, device=dev, generator=gen) if shared_order else None
     if fp8 and sw is not None:
@@ -213,8 +217,8 @@ def check_capacity(world: int) -> None:
     vr = VirtualRanks(world, hidden=H, inter=I, num_experts=E, top_k=k, placement=pl, max_tokens=512,
                       dispatch=DISPATCH[0], recv_capacity=400)
     w13_all, w2_all = make_weights(E, H, I, device=dev, generator=torch.Generator(device=dev).manual_seed(4100 + world))
-    w13s = [w13_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
-    w2s = [w2_all[torch.as_tensor(pl.local_experts(r), device=dev)].contiguous() for r in range(world)]
+    w13s = [rank_experts(w13_all, pl, r) for r in range(world)]
+    w2s = [rank_experts(w2_all, pl, r) for r in range(world)]
 
     def inputs(n: int, s: int, to_rank0: bool):
         xs, ids, ws = [], [], []
