@@ -21,10 +21,11 @@ in isolation and written as the measurements JSON that `weave-sim calibrate` tur
 - hbm_gbs: torch device-to-device copy of 1 GiB, (bytes read + bytes written) / time.
 - power: the gemm at 2048 rows per expert, sustained (back-to-back calls for a few seconds after 1.5 s idle,
   the last half timed) at several CTA counts, with the SM clock and board power nvidia-smi reports meanwhile
-  (weave_kernel/gpu_state.py), then a sustained 1 GiB device copy likewise (its power per TB/s), and the board's
-  power limit: where the GPU holds a power cap by lowering its
-  clock, `weave-sim calibrate` fits the profile's power model to these points (docs/calibration.md). Left out
-  where nvidia-smi does not answer.
+  (weave_kernel/gpu_state.py), then the all-SM run again with the last 64 and then all 128 rows of every
+  128-row block of A zeroed (padding rows, as a partial block's are in the layer: "pad_points"), then a sustained
+  1 GiB device copy likewise (its power per TB/s), and the board's power limit: where the GPU holds a power cap
+  by lowering its clock, `weave-sim calibrate` fits the profile's power model to these points, padding's
+  energy included (docs/calibration.md). Left out where nvidia-smi does not answer.
 Every rank runs every GPU-local measurement at the same time; only rank 0 writes the file.
 """
 from __future__ import annotations
@@ -66,6 +67,9 @@ class Plan:
     repeats: int
     power_ctas: tuple[int, ...] = ()  # sustained GEMM runs with clock and power (0 = all SMs); () = none
     power_sustain_s: float = 3.0
+    # the sustained all-SM GEMM again with the last z rows of every 128-row block of A zeroed, one run per z: the
+    # power of MMAs on padding rows (weave_sim's power.pad_energy); () = none
+    power_pad_rows: tuple[int, ...] = ()
     # tiles timed at several K (gemm_by_k: a tile's fixed cost, weave_sim's gemm.k_fixed), on few CTAs (no
     # contention, no clock drop) so that tile time = fixed + per-K time is read off cleanly; () = none
     k_values: tuple[int, ...] = ()
@@ -77,7 +81,7 @@ class Plan:
 FULL = Plan(push_ctas=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), push_blocks=192,
             gemm_rows=(16, 32, 64, 128, 256, 512, 1024, 2048), gemm_ctas=(16, 32, 64, 96, 128, 0), gemm_tiles=2048,
             chunk_counts=(1, 2, 4, 8), chunk_experts=16, chunk_rows=1024, claims_per_cta=2000, signal_rounds=2000,
-            hbm_bytes=1 << 30, repeats=5, power_ctas=(16, 33, 66, 99, 0),
+            hbm_bytes=1 << 30, repeats=5, power_ctas=(16, 33, 66, 99, 0), power_pad_rows=(64, 128),
             k_values=(512, 1024, 2048, 4096, 7168), k_rows=(2048, 256))
 QUICK = Plan(push_ctas=(1, 8, 32), push_blocks=32, gemm_rows=(64, 512), gemm_ctas=(32, 0), gemm_tiles=256,
              chunk_counts=(1, 2), chunk_experts=4, chunk_rows=256, claims_per_cta=200, signal_rounds=200,
@@ -222,6 +226,10 @@ def format_summary(m: dict) -> str:
         lines.append(f"sustained gemm (power limit {pw.get('limit_w', '?')} W): " + ", ".join(
             f"{p['ctas']}: {p['tflops']:.0f} TF/s at {p['sm_mhz']:.0f} MHz {p['power_w']:.0f} W" for p in pw["points"])
             + (f"; HBM copy {pw['hbm']['tbs']:.2f} TB/s {pw['hbm']['power_w']:.0f} W" if pw.get("hbm") else ""))
+        if pw.get("pad_points"):
+            lines.append("sustained gemm, zero rows in A (of 128 per block): " + ", ".join(
+                f"{p['pad_rows']}: {p['tflops']:.0f} TF/s at {p['sm_mhz']:.0f} MHz {p['power_w']:.0f} W"
+                for p in pw["pad_points"]))
     lines += [f"CHECK FAILED: {msg}" for msg in m.get("failed_checks", [])]
     return "\n".join(lines)
 

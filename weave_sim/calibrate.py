@@ -152,7 +152,8 @@ def power_model(power: dict) -> dict:
     w_per_tflops by least squares over the points at full clock below the limit (P = base + w R), exponent the
     median over the throttled points of log((P - base) / (w R)) / log(f), f = clock / the highest clock seen;
     cap_w = the board's limit (else the highest power seen); w_per_tbs = (P - base) / TB/s of the sustained HBM
-    copy (the "hbm" point; 0 without one). The GEMM points' own HBM traffic is not separated out."""
+    copy (the "hbm" point; 0 without one); pad_energy from the "pad_points", runs with zero rows in A, where
+    measured (`pad_energy`). The GEMM points' own HBM traffic is not separated out."""
     pts = [p for p in power.get("points", []) if p.get("sm_mhz") and p.get("power_w") and p.get("tflops")]
     if not pts:
         raise CalibrationError("power: no points with clock, power and TFLOP/s")
@@ -181,7 +182,41 @@ def power_model(power: dict) -> dict:
         if hbm.get("sm_mhz", f_max) < 0.97 * f_max:
             raise CalibrationError("power: the HBM copy ran throttled; its W per TB/s would be too low")
         out["w_per_tbs"] = round(float((float(hbm["power_w"]) - base) / float(hbm["tbs"])), 3)
+    if power.get("pad_points"):
+        out.update(pad_energy(power["pad_points"], pts, base=float(base), w=float(w), exponent=float(np.median(expo)),
+                              f_max=f_max))
     return out
+
+
+def pad_energy(pad_points: list[dict], points: list[dict], *, base: float, w: float, exponent: float,
+               f_max: float) -> dict:
+    """power.pad_energy from sustained GEMM runs whose A has a fraction z of every 128-row block zeroed
+    (`pad_points`: ctas, pad_fraction, tflops counting every row, sm_mhz, power_w), each against the point of
+    `points` (A random throughout) at the same CTA count. Under the model a point's dynamic power per FLOP at
+    unit clock is g = (P - base) / (w R f^exponent); padding rows' energy e relative to routed rows' then gives
+    g_pad / g_random = 1 - z + z e, so e = (g_pad / g_random - (1 - z)) / z. The ratio cancels what the fit
+    leaves in the random point. The median over the pad points, clipped to [0, 1] (the per-point values are kept
+    unclipped in pad_energy_points)."""
+    by_ctas = {int(p["ctas"]): p for p in points}
+
+    def g(p: dict) -> float:
+        return (float(p["power_w"]) - base) / (w * float(p["tflops"]) * (float(p["sm_mhz"]) / f_max) ** exponent)
+
+    vals = []
+    for p in pad_points:
+        if not all(p.get(k) for k in ("ctas", "tflops", "sm_mhz", "power_w", "pad_fraction")):
+            raise CalibrationError(f"power: pad point without ctas, tflops, sm_mhz, power_w and pad_fraction: {p}")
+        z = float(p["pad_fraction"])
+        if not 0.0 < z <= 1.0:
+            raise CalibrationError(f"power: pad_fraction {z} outside (0, 1]")
+        ref = by_ctas.get(int(p["ctas"]))
+        if ref is None:
+            raise CalibrationError(f"power: no point without padding at {p['ctas']} CTAs to compare the pad point with")
+        if not (float(p["power_w"]) > base and float(ref["power_w"]) > base):
+            raise CalibrationError(f"power: a pad point or its reference draws no more than base_w ({base:.0f} W)")
+        vals.append((g(p) / g(ref) - (1.0 - z)) / z)
+    e = float(np.median(vals))
+    return {"pad_energy": round(min(1.0, max(0.0, e)), 3), "pad_energy_points": [round(float(v), 3) for v in vals]}
 
 
 def build_profile(measurements: dict, base: str = "h200", name: str | None = None,

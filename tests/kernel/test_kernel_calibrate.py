@@ -20,6 +20,7 @@ from weave_sim.profile import profile_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "weave_kernel" / "csrc"
+PAD_ENERGY = 0.4  # the synthetic padding rows' energy per FLOP, relative to random rows'
 HEADER = {"gpu_name": "NVIDIA H200", "driver": "580.159.04", "date": "2026-12-01", "commit": "0123456789abcdef",
           "num_sms": 132}
 
@@ -41,6 +42,15 @@ def synthetic(plan: cal.Plan = cal.FULL, world: int = 2) -> dict:
                         "power_w": min(700.0, 130.0 + 1.3 * 4.5 * ctas * f ** 2.7), "event_reasons": []})
         power = {"limit_w": 700.0, "rows_per_expert": 2048, "sustain_s": plan.power_sustain_s, "points": pts,
                  "hbm": {"tbs": 4.2, "power_w": 480.0, "sm_mhz": 1980.0, "event_reasons": []}}
+        pads = []
+        for z in plan.power_pad_rows:  # the all-SM point's power, padding rows at PAD_ENERGY: a higher clock
+            share = 1.0 - z / 128 + z / 128 * PAD_ENERGY
+            f = min(1.0, ((695.0 - 130.0) / (1.3 * 4.5 * 132 * share)) ** (1 / 2.7))
+            pads.append({"ctas": 132, "pad_rows": z, "pad_fraction": z / 128, "tflops": 4.5 * 132 * f,
+                         "sm_mhz": 1980.0 * f, "power_w": 130.0 + 1.3 * 4.5 * 132 * f ** 2.7 * share,
+                         "event_reasons": []})
+        if pads:
+            power["pad_points"] = pads
     by_k = [{"k": k, "ctas": plan.k_ctas, "rows_per_expert": r, "experts": 4, "tiles": plan.k_tiles,
              "tile_us": 3.0 + 0.009 * k} for r in plan.k_rows for k in plan.k_values]
     return cal.assemble(HEADER, push, gemm, chunks, task_claim_ns=412.3, signal_ns=1234.5, hbm_gbs=4100.0,
@@ -62,6 +72,9 @@ def test_synthetic_run_makes_a_valid_profile():
     assert "sustained gemm" in text and "HBM copy 4.20 TB/s" in text
     assert p.power is not None and p.power.cap_w == 700.0
     assert p.power.w_per_tbs == pytest.approx((480.0 - p.power.base_w) / 4.2, rel=1e-3)
+    # the zero-row runs give padding's energy (the fit's base, w and exponent are close to the synthetic ones)
+    assert "zero rows in A" in text and len(m["power"]["pad_points"]) == len(cal.FULL.power_pad_rows) == 2
+    assert p.power.pad_energy == pytest.approx(PAD_ENERGY, abs=0.02)
 
 
 def test_tiles_at_several_k_give_the_fixed_share():

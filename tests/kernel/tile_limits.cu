@@ -39,7 +39,8 @@
 //           the consumers, so the warpgroups do not wait on each other's releases before their MMAs. Same check.
 //   mode 17 the same block scales with one accumulator set, rescaled before each stage by the ratio of the previous
 //           stage's scale to this one's (168 registers, no setmaxnreg: what fits the megakernel). Same check.
-// for 132, 66 and 16 CTAs. Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
+// for 132, 66 and 16 CTAs (rows a multiple of 128; the 2-CTA modes 6, 8 and 13 need multiples of 256 and are skipped
+// otherwise). TL_ZERO_ROWS=z zeros the last z rows of every 128-row block of A (padding rows). Prints TFLOP/s per SM. TL_SUSTAIN=S adds sustained runs (S seconds per mode on 132
 // CTAs, modes from TL_SUSTAIN_MODES, default 7,10,11,13,8) with the SM clock and board power read through NVML.
 // Modes 0-3 keep a private copy of the old cp.async loader.
 // Every mode writes each tile's accumulator sums per thread, which must match mode 0 bit for bit; modes 11 and 12
@@ -966,6 +967,14 @@ __global__ void fill_random(T* x, size_t n, uint32_t seed) {
   }
 }
 
+// Zeros in the last z rows of every kBlockM-row block of the [rows][K] matrix x (TL_ZERO_ROWS).
+template <typename T>
+__global__ void zero_block_tails(T* x, size_t rows, int K, int z) {
+  const size_t n = rows * K;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    if (static_cast<int>((i / K) % C::kBlockM) >= C::kBlockM - z) x[i] = T(0.f);
+}
+
 // e4m3 (bias 7, no infinities; 0x7F / 0xFF are NaN) to float, on the host
 static float e4m3_to_float(uint8_t v) {
   const int sgn = v >> 7, e = (v >> 3) & 15, m = v & 7;
@@ -1165,10 +1174,21 @@ int main(int argc, char** argv) {
   // weight tile, most weight stages from HBM)
   const int N = 4096, K = argc > 1 ? std::atoi(argv[1]) : 4096;
   const int E = argc > 3 ? std::atoi(argv[2]) : 4, rows = argc > 3 ? std::atoi(argv[3]) : 2048;
-  if (K < 64 || K % 64 != 0 || E < 1 || rows < 256 || rows % 256 != 0) {
-    std::printf("K must be a positive multiple of 64, E >= 1, rows a positive multiple of 256 (pairs of blocks)\n");
+  if (K < 64 || K % 64 != 0 || E < 1 || rows < 128 || rows % 128 != 0) {
+    std::printf("K must be a positive multiple of 64, E >= 1, rows a positive multiple of 128\n");
     return 1;
   }
+  // the 2-CTA modes (6, 8, 13) pair row blocks of one weight tile: they need rows in multiples of 256 and are
+  // skipped otherwise (rows 128: every weight tile read by one row block, as at decode sizes)
+  const bool pairs = rows % 256 == 0;
+  // TL_ZERO_ROWS=z: the last z rows of every 128-row block of A are zeros (both dtypes), as a partial block's
+  // padding rows are in the megakernel: what an MMA on padding rows costs in time and power
+  const int zero_rows = std::getenv("TL_ZERO_ROWS") ? std::atoi(std::getenv("TL_ZERO_ROWS")) : 0;
+  if (zero_rows < 0 || zero_rows > C::kBlockM) {
+    std::printf("TL_ZERO_ROWS must lie in [0, %d]\n", C::kBlockM);
+    return 1;
+  }
+  if (zero_rows) std::printf("A: the last %d rows of every %d-row block are zeros\n", zero_rows, C::kBlockM);
   bf16 *a, *b;
   float* sink;
   unsigned long long* t;
@@ -1176,6 +1196,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&b, static_cast<size_t>(E) * N * K * 2));
   fill_random<<<1024, 256>>>(a, static_cast<size_t>(E) * rows * K, 1u);
   fill_random<<<1024, 256>>>(b, static_cast<size_t>(E) * N * K, 2u);
+  if (zero_rows) zero_block_tails<<<1024, 256>>>(a, static_cast<size_t>(E) * rows, K, zero_rows);
   CK(cudaDeviceSynchronize());
   const size_t sink_len = static_cast<size_t>(E) * (rows / C::kBlockM) * (N / C::kBlockN) * 256;  // per tile, thread
   CK(cudaMalloc(&sink, sink_len * 4));
@@ -1198,6 +1219,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&b8, static_cast<size_t>(E) * N * K));
     fill_random<<<1024, 256>>>(a8, static_cast<size_t>(E) * rows * K, 3u);
     fill_random<<<1024, 256>>>(b8, static_cast<size_t>(E) * N * K, 4u);
+    if (zero_rows) zero_block_tails<<<1024, 256>>>(a8, static_cast<size_t>(E) * rows, K, zero_rows);
     CK(cudaDeviceSynchronize());
     g_a8 = a8;
     if (encode_weight_map(&g_b_map8, b8, K / 2, N, E) != 0 ||
@@ -1236,6 +1258,7 @@ int main(int argc, char** argv) {
   const size_t out_len = static_cast<size_t>(E) * rows * N;
   std::vector<uint16_t> o11(out_len), o12(out_len);
   for (int m : {4, 6, 7, 8, 9, 10, 11, 12, 13}) {
+    if (!pairs && (m == 6 || m == 8 || m == 13)) continue;
     CK(cudaMemset(sink, 0xFF, sink_len * 4));  // poisoned: a tile that is not computed shows up as NaN
     CK(cudaMemset(g_out, 0xFF, out_len * 2));
     const int rc = m == 4   ? run<4>(132, a, b, sink, t, E, rows, N, K, p, b_map, &r[4][0])
@@ -1328,21 +1351,21 @@ int main(int argc, char** argv) {
     if (run<2>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[2][g])) return 1;
     if (run<3>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[3][g])) return 1;
     if (g > 0 && run<4>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[4][g])) return 1;
-    if (g > 0 && run<6>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[6][g])) return 1;
+    if (g > 0 && pairs && run<6>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[6][g])) return 1;
     if (g > 0 && run<7>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[7][g])) return 1;
-    if (g > 0 && run<8>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[8][g])) return 1;
+    if (g > 0 && pairs && run<8>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[8][g])) return 1;
     if (g > 0 && run<9>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[9][g])) return 1;
     if (g > 0 && run<10>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[10][g])) return 1;
     if (g > 0 && run<11>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[11][g])) return 1;
     if (g > 0 && run<12>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[12][g])) return 1;
-    if (g > 0 && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
+    if (g > 0 && pairs && run<13>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[13][g])) return 1;
     if (f8 && g > 0 && run<14>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[14][g])) return 1;
     if (f8 && g > 0 && run<15>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[15][g])) return 1;
     if (f8 && g > 0 && run<16>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[16][g])) return 1;
     if (f8 && g > 0 && run<17>(grid[g], a, b, sink, t, E, rows, N, K, p, b_map, &r[17][g])) return 1;
   }
-  std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5)\n", K, E,
-              rows, E * (rows / C::kBlockM) * (N / C::kBlockN));
+  std::printf("TFLOP/s per SM (128x256x64 wgmma tiles, K=%d, %d experts x %d rows, %d tiles, best of 5%s)\n", K, E,
+              rows, E * (rows / C::kBlockM) * (N / C::kBlockN), pairs ? "" : "; 2-CTA modes skipped");
   std::printf("%-30s %8s %8s %8s\n", "loads", "132 CTAs", "66", "16");
   for (int m : {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}) std::printf("%-30s %8.2f %8.2f %8.2f\n", names[m], r[m][0], r[m][1], r[m][2]);
 
@@ -1362,17 +1385,22 @@ int main(int argc, char** argv) {
       c = *end == ',' ? end + 1 : end;
     }
     std::printf("sustained, 132 CTAs, %.1f s per mode (second half timed; 1.5 s idle before each)\n", seconds);
-    std::printf("%-30s %9s %9s %7s %11s %14s\n", "mode", "TFLOP/s", "per SM", "SM MHz", "board W", "TFLOP/s per W");
+    std::printf("%-30s %9s %9s %7s %11s %14s %12s\n", "mode", "TFLOP/s", "per SM", "SM MHz", "board W", "TFLOP/s per W",
+                "B GB/s/SM");
     for (int m : modes) {
       Sustained o;
       int rc;
       switch (m) {
         case 4: rc = sustain<4>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 7: rc = sustain<7>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
-        case 8: rc = sustain<8>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
+        case 8:
+        case 13:
+          if (!pairs) { std::printf("modes 8 and 13 need rows %% 256 == 0\n"); return 1; }
+          rc = m == 8 ? sustain<8>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o)
+                      : sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o);
+          break;
         case 10: rc = sustain<10>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 11: rc = sustain<11>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
-        case 13: rc = sustain<13>(seconds, 132, a, b, sink, t, E, rows, N, K, p, b_map, nvml, &o); break;
         case 14:
         case 15:
         case 16:
@@ -1386,8 +1414,10 @@ int main(int argc, char** argv) {
         default: std::printf("mode %d: no sustained run for this mode (4, 7, 8, 10, 11, 13, 14-17)\n", m); return 1;
       }
       if (rc) return 1;
-      std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz, o.watts,
-                  o.watts > 0 ? o.tflops / o.watts : -1.0);
+      // B GB/s per SM: the weight bytes the SM loads (2 or 1 per element, 1 / 256 of a FLOP's share per element;
+      // from HBM once per row block, so at rows 128 this is the weight stream from HBM)
+      std::printf("%d %-28s %9.1f %9.2f %7.0f %11.0f %14.3f %12.1f\n", m, names[m], o.tflops, o.tflops / 132, o.mhz,
+                  o.watts, o.watts > 0 ? o.tflops / o.watts : -1.0, o.tflops / 132 * 1e3 * (m >= 14 ? 1 : 2) / 256);
     }
   }
   return 0;

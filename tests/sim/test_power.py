@@ -55,6 +55,50 @@ def test_power_fit_recovers_the_model():
         power_model({"limit_w": 700.0, "points": pts, "hbm": {"tbs": 0.0, "power_w": 300.0}})
 
 
+def pad_point(model: PowerModel, r1: float, z: float, energy: float, ctas: int = 132) -> dict:
+    """A sustained run at full-clock rate r1 whose rows are a fraction z padding of relative energy `energy`:
+    the cap then holds a higher clock (the model's R weighs padding FLOPs by `energy`)."""
+    share = 1.0 - z + z * energy
+    f = float(model.clock(r1 * share, 1.0))
+    return {"ctas": ctas, "pad_fraction": z, "tflops": r1 * f, "sm_mhz": 1980.0 * f,
+            "power_w": float(model.watts(r1 * f * share, f))}
+
+
+def test_padding_energy_is_read_off_zero_row_runs():
+    m = PowerModel(**TRUE)
+    pts = synthetic_points(m)
+    top = pts[-1]  # 800 TFLOP/s at full clock, capped
+    r1 = 800.0
+    for energy in (0.0, 0.35, 0.8):
+        pads = [pad_point(m, r1, z, energy, ctas=top["ctas"]) for z in (0.5, 1.0)]
+        got = power_model({"limit_w": 700.0, "points": pts, "pad_points": pads})
+        assert got["pad_energy"] == pytest.approx(energy, abs=5e-3)
+        assert len(got["pad_energy_points"]) == 2
+        # and the profile takes it
+        prof = profile_from_dict({**_raw_with_power(None), "power": got})
+        assert prof.power.pad_energy == pytest.approx(got["pad_energy"])
+    # no padding points: no pad_energy (the profile's default 1 then holds)
+    assert "pad_energy" not in power_model({"limit_w": 700.0, "points": pts})
+    # a zero-row run drawing more per FLOP than random rows is clipped to 1 (the raw value kept)
+    hot = pad_point(m, r1, 1.0, 1.3, ctas=top["ctas"])
+    got = power_model({"limit_w": 700.0, "points": pts, "pad_points": [hot]})
+    assert got["pad_energy"] == 1.0 and got["pad_energy_points"][0] == pytest.approx(1.3, abs=5e-3)
+
+
+def test_padding_energy_refuses_what_it_cannot_read():
+    m = PowerModel(**TRUE)
+    pts = synthetic_points(m)
+    good = pad_point(m, 800.0, 1.0, 0.5, ctas=pts[-1]["ctas"])
+    with pytest.raises(CalibrationError, match="no point without padding at 7 CTAs"):
+        power_model({"limit_w": 700.0, "points": pts, "pad_points": [{**good, "ctas": 7}]})
+    with pytest.raises(CalibrationError, match="outside"):
+        power_model({"limit_w": 700.0, "points": pts, "pad_points": [{**good, "pad_fraction": 1.5}]})
+    with pytest.raises(CalibrationError, match="pad point without"):
+        power_model({"limit_w": 700.0, "points": pts, "pad_points": [{**good, "power_w": None}]})
+    with pytest.raises(CalibrationError, match="no more than base_w"):
+        power_model({"limit_w": 700.0, "points": pts, "pad_points": [{**good, "power_w": 100.0}]})
+
+
 def test_clock_with_hbm_traffic_holds_the_cap():
     m = PowerModel(**TRUE, w_per_tbs=80.0)
     assert m.clock(200.0, 1.0, 1.0) == 1.0  # 120 + 280 + 80 = 480 W
