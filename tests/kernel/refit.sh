@@ -45,12 +45,13 @@ if [ -n "$POWER" ]; then
   weave-sim validate $B --profile $O/h200-megakernel-power-$TAG.json --out $O/validate_power_$TAG | grep -E "^summary|^warning"
 fi
 # with a decode run (final_run.sh run decode: bench_decode_TAG.json) the power profile is also fitted to run A and the
-# decode run together, with padding rows' MMAs charged half the energy (power.pad_energy 0.5), as the shipped
-# h200-megakernel-power-ep1-pad was at EP=1 (docs/kernel.md "Padding's energy"): h200-megakernel-power-pad-TAG.json
+# decode run together, with padding rows' MMAs charged the energy the calibration measured (its zero-row runs,
+# power.pad_energy; 0.5 where the power block has none), as the shipped h200-megakernel-power-ep1-pad was at EP=1
+# (docs/kernel.md "Padding's energy"): h200-megakernel-power-pad-TAG.json
 D=$DIR/bench_decode_$TAG.json
 if [ -n "$POWER" ] && [ -f "$D" ]; then
   python3 tests/kernel/merge_bench.py $O/fit_input_A_decode_$TAG.json $A $D
-  python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['power']['pad_energy']=0.5; p['name']+='-pad'; \
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['power'].setdefault('pad_energy', 0.5); p['name']+='-pad'; \
 json.dump(p,open(sys.argv[2],'w'),indent=1)" $O/h200-megakernel-power-$TAG.json $O/base-power-pad-$TAG.json
   # (the merged decode results are below --min-tokens 2048, so no token floor here)
   weave-sim calibrate --fit $O/fit_input_A_decode_$TAG.json --base $O/base-power-pad-$TAG.json --policies $POL \

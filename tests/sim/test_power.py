@@ -270,3 +270,21 @@ def test_power_can_be_left_out_whole_or_its_hbm_term(tmp_path):
     assert "power model" not in fit["source"]
     fit = fit_profile(bench, base=str(base), rounds=1, iters=2, log=lambda m: None, hbm_power=False)
     assert "w_per_tbs" not in fit["power"] and fit["power"]["cap_w"] == 700.0
+
+
+def test_shipped_pad_profile_takes_the_measured_padding_energy():
+    """h200-megakernel-power-ep1-pad charges padding rows the energy the calibration's zero-row runs measured
+    (the file it names), rounded to two decimals; its other power parameters are h200-megakernel-power's."""
+    from pathlib import Path
+
+    from weave_sim.profile import load_profile
+
+    root = Path(__file__).resolve().parents[2]
+    prof = load_profile("h200-megakernel-power-ep1-pad")
+    src = root / prof.raw["calibration"]["pad_energy_from"]
+    measured = power_model(json.loads(src.read_text())["power"])
+    assert len(measured["pad_energy_points"]) == 2 and 0.0 < measured["pad_energy"] < 1.0
+    assert prof.power.pad_energy == round(measured["pad_energy"], 2)
+    base = load_profile("h200-megakernel-power").power
+    assert (prof.power.base_w, prof.power.w_per_tflops, prof.power.exponent) == (base.base_w, base.w_per_tflops,
+                                                                                  base.exponent)
