@@ -3,7 +3,7 @@ tests/kernel/epilogue_timing.patch (the patch adds, per tile, a 'wait' record wi
 "both warpgroups' MMAs done" .. "outputs written and the tile signalled", and one with -20 - kind spanning
 "this warpgroup's MMAs done" .. "both done"). How it was run (docs/kernel.md, "The SwiGLU division"):
 
-    git apply tests/kernel/epilogue_timing.patch   # on a scratch copy of the sources, or point WEAVE_KERNEL_CSRC at one
+    mkdir -p DIR && cp weave_kernel/csrc/* DIR && patch -d DIR -p3 < tests/kernel/epilogue_timing.patch; export WEAVE_KERNEL_CSRC=$PWD/DIR
     torchrun --nproc_per_node=1 -m weave_kernel.bench --models qwen3-30b-a3b --tokens 4096 --comm 20 --weave-comm= \
         --no-sequential --repeats 2 --trace t.json --trace-policy weave
     python tests/kernel/epilogue_stats.py t.json [t2.json ...]
@@ -16,14 +16,20 @@ import sys
 from collections import defaultdict
 
 KIND = {2: "gemm0", 3: "gemm1"}
+# row_block -10 s - kind of a copy that also stamps the GEMM0 epilogue's steps (docs/kernel.md "Where a decode
+# tile's epilogue goes"): s = 3 SwiGLU and staging, 4 the stores, 5 the fence, 6 the signal and the records
+STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal"}
 
 
 def epilogue_stats(path: str) -> dict:
     events = json.load(open(path))["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X"]
     tiles, epi, skew = defaultdict(list), defaultdict(list), defaultdict(list)
+    steps = defaultdict(list)  # (kind, step): the finer records of a copy that stamps the epilogue's steps
     for e in spans:
         rb = e.get("args", {}).get("row_block")
+        if e["name"] == "wait" and rb is not None and (-rb) // 10 in STEPS and (-rb) % 10 in KIND:
+            steps[(KIND[(-rb) % 10], STEPS[(-rb) // 10])].append(e["dur"])
         if e["name"] in KIND.values():
             tiles[e["name"]].append(e["dur"])
         elif e["name"] == "wait" and rb is not None and -7 - 3 <= rb <= -7 - 2:
@@ -37,7 +43,8 @@ def epilogue_stats(path: str) -> dict:
         out[k] = {"tiles": len(tiles[k]), "tile_median_us": statistics.median(tiles[k]),
                   "epilogue_median_us": statistics.median(epi[k]) if epi[k] else None,
                   "epilogue_share_of_tile_time": sum(epi[k]) / sum(tiles[k]) if epi[k] else None,
-                  "warpgroup_skew_median_us": statistics.median(skew[k]) if skew[k] else None}
+                  "warpgroup_skew_median_us": statistics.median(skew[k]) if skew[k] else None,
+                  "steps_median_us": {st: statistics.median(v) for (kk, st), v in steps.items() if kk == k}}
     return out
 
 
@@ -52,8 +59,11 @@ def main(argv: list[str]) -> int:
             if k in s and s[k]["epilogue_median_us"] is not None:
                 v = s[k]
                 print(f"  {k}: {v['tiles']} tiles, median {v['tile_median_us']:.1f} us, epilogue median "
-                      f"{v['epilogue_median_us']:.2f} us ({v['epilogue_share_of_tile_time']:.1%} of tile time), "
-                      f"warpgroup skew median {v['warpgroup_skew_median_us']:.2f} us")
+                      f"{v['epilogue_median_us']:.2f} us ({v['epilogue_share_of_tile_time']:.1%} of tile time)"
+                      + (f", warpgroup skew median {v['warpgroup_skew_median_us']:.2f} us"
+                         if v["warpgroup_skew_median_us"] is not None else ""))
+                if v["steps_median_us"]:
+                    print("    steps (median us): " + ", ".join(f"{st} {us:.2f}" for st, us in v["steps_median_us"].items()))
     return 0
 
 

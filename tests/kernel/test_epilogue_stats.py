@@ -26,3 +26,20 @@ def test_epilogue_shares(tmp_path, kernel_script):
     assert s["gemm0"]["tiles"] == 2 and s["gemm0"]["epilogue_share_of_tile_time"] == pytest.approx(8 / 30)
     assert s["gemm0"]["epilogue_median_us"] == pytest.approx(4) and s["gemm0"]["warpgroup_skew_median_us"] == 0.5
     assert s["gemm1"]["epilogue_share_of_tile_time"] == pytest.approx(0.25)
+
+
+def test_epilogue_steps(tmp_path, kernel_script):
+    """The step records of tests/kernel/epilogue_steps.patch (row_block -10 s - kind) are summed per kind and step;
+    the patch's plain epilogue records and real waits are not taken for steps."""
+    mod = kernel_script("epilogue_stats")
+    ev = [_ev("gemm0", 0, 10, 0, 1), _ev("wait", 5, 5, 0, -9), _ev("wait", 5, 2.5, 0, -32), _ev("wait", 7.5, 0.5, 0, -42),
+          _ev("wait", 8, 1.0, 0, -52), _ev("wait", 9, 0.75, 0, -62), _ev("wait", 1, 2, 0, 3),
+          _ev("gemm0", 10, 10, 0, 2), _ev("wait", 15, 5, 0, -9), _ev("wait", 15, 3.5, 0, -32),
+          _ev("gemm1", 20, 4, 0, 1), _ev("wait", 23, 1, 0, -10)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    s = mod.epilogue_stats(str(p))
+    assert s["gemm0"]["steps_median_us"] == {"staging": 3.0, "stores": 0.5, "fence": 1.0, "signal": 0.75}
+    assert s["gemm1"]["steps_median_us"] == {}
+    assert s["gemm0"]["epilogue_median_us"] == 5
+    assert mod.main([str(p)]) == 0

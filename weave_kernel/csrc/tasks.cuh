@@ -349,7 +349,9 @@ struct MoeTiles {
     const int rb = d.b.row0 / Config::kBlockM, who = Config::kProducerThreads;
     const bool sh = kShared && d.b.le == kSharedLe;
     if (d.kind == kTileGemm0) {
-      __threadfence();
+      // No separate fence: the release add orders the consumers' h (and scale) stores before it, cumulatively
+      // through the consumer barrier that ended the epilogue (bar.sync synchronizes the storing threads with this
+      // one), for GEMM1's producers, which acquire the counter before they read h.
       red_release_gpu_add_u32(sh ? p.g0s_done + (s.epoch & 1) * p.max_shared_blocks + rb
                                  : p.g0_done + (s.epoch & 1) * p.max_row_blocks + rb,
                               1u);

@@ -1,0 +1,30 @@
+#!/bin/bash
+# One 1x H200 call: a kernel change against older sources (tests/kernel/_ab_old_csrc, carried; see ab_inproc.sh), in
+# FP8 and in bf16. Builds both (the old one in the background), runs gpu_worker --quick, fp8_worker and
+# virtual_worker --quick G = 2, 4 on the working tree, then `bench --ab-csrc` (A = the working tree, B = the old
+# sources, alternating calls) once per expert dtype with AB_BENCH_ARGS. Logs in $OUT/ab_dtypes.tgz.
+set -o pipefail
+source tests/kernel/device_env.sh  # wheels, environment, has()
+R=$OUT/ab_dtypes; mkdir -p $R
+OLD=$PWD/tests/kernel/_ab_old_csrc
+[ -d "$OLD" ] || { echo "no old sources in $OLD"; exit 2; }
+for s in $(python3 -c "from weave_kernel.build import SOURCES; print(*SOURCES)"); do [ -f $OLD/$s ] || : > $OLD/$s; done
+( MAX_JOBS=8 timeout 300 python3 -c "from weave_kernel.build import load_extension; load_extension(False, csrc='$OLD')" \
+  > $R/build_old.log 2>&1; echo "old build rc $? [${SECONDS}s]" >> $R/build_old.log ) &
+bash tests/kernel/device_run.sh build 2>&1 | tail -2
+python3 -c "import weave_kernel.build as b; print('new', b.sources_digest(), 'old', b.sources_digest('$OLD'))" | tee $R/csrc.txt
+timeout 240 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $R/gpu_worker_quick.log 2>&1
+echo "gpu_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|agree" $R/gpu_worker_quick.log | head -5
+timeout 200 python3 tests/kernel/fp8_worker.py > $R/fp8_worker.log 2>&1
+echo "fp8_worker rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fp8_worker.log | head -5
+timeout 200 python3 tests/kernel/virtual_worker.py --quick --worlds 2,4 > $R/virtual_quick.log 2>&1
+echo "virtual_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|agree" $R/virtual_quick.log | head -5
+wait; tail -1 $R/build_old.log
+for dt in ${AB_DTYPES:-fp8 bf16}; do
+  timeout ${AB_TIMEOUT:-150} torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state --out $R/bench_ab_$dt.json \
+    --ab-csrc $OLD --expert-dtype $dt ${AB_BENCH_ARGS:---models qwen3-30b-a3b,deepseek-v3 --tokens 64,4096 --comm 8 --weave-comm= --no-sequential --repeats 5} \
+    > $R/bench_ab_$dt.log 2>&1; echo "bench A/B $dt rc $? [${SECONDS}s]"
+  grep -iE "error" $R/bench_ab_$dt.log | head -3
+done
+tar czf $OUT/ab_dtypes.tgz -C $OUT ab_dtypes
+echo "done [${SECONDS}s]"
