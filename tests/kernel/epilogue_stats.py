@@ -16,8 +16,9 @@ import sys
 from collections import defaultdict
 
 KIND = {2: "gemm0", 3: "gemm1"}
-# row_block -10 s - kind of a copy that also stamps the GEMM0 epilogue's steps (docs/kernel.md "Where a decode
-# tile's epilogue goes"): s = 3 SwiGLU and staging, 4 the stores, 5 the fence, 6 the signal and the records; 7 a second staging pass (a copy that stages twice)
+# row_block -10 s - kind of a copy that also stamps the GEMM0 epilogue's steps (tests/kernel/epilogue_steps.patch;
+# docs/kernel.md "A GEMM0 tile's epilogue at decode sizes"): s = 3 SwiGLU and staging, 4 the stores, 5 the fence,
+# 6 the signal and the records; 7 a second staging pass (docs/results/epilogue_decode/staging_twice/)
 STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal", 7: "staging again"}
 
 
