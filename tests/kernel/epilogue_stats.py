@@ -23,7 +23,10 @@ STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal", 7: "staging again"}
 
 
 def epilogue_stats(path: str) -> dict:
-    events = json.load(open(path))["traceEvents"]
+    doc = json.load(open(path))
+    if not isinstance(doc, dict) or "traceEvents" not in doc:
+        raise SystemExit(f"{path}: not a Chrome trace (no traceEvents); pass the file of bench --trace")
+    events = doc["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X"]
     tiles, epi, skew = defaultdict(list), defaultdict(list), defaultdict(list)
     steps = defaultdict(list)  # (kind, step): the finer records of a copy that stamps the epilogue's steps
