@@ -47,3 +47,19 @@ def test_pad_energy_report_reads_the_committed_run(capsys):
     assert all(0.0 < float(r.split()[-1]) < 1.0 for r in rows)
     log = mod.read_tile_log(d / "tile_decode_zero124.log")
     assert log["zero_rows"] == 124 and log["shape"] == (2048, 128, 128) and set(log["modes"]) == {7, 14, 17}
+
+
+def test_device_scripts_parse():
+    """Every one-call device script under tests/kernel parses (bash -n): a syntax error would cost device time."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    root = Path(__file__).resolve().parents[2]
+    scripts = sorted((root / "tests/kernel").glob("*.sh"))
+    assert len(scripts) >= 10
+    for sh in scripts:
+        r = subprocess.run(["bash", "-n", str(sh)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{sh.name}: {r.stderr}"
