@@ -119,11 +119,20 @@ __device__ __forceinline__ uint32_t staging_offset(int row, int col) {
 
 // GEMM0 B rows: [0, kHalfN) gate columns, [kHalfN, kBlockN) up columns of the same h columns (the producer
 // loads them so), so every thread holds gate and up of the same h column in accumulators r and r + kBlockN / 4:
-// SwiGLU stays in registers. The division is the fast one (__fdividef: 2 ulp; a denominator above 2^126, i.e.
-// g < -87, gives 0, silu's limit there): the IEEE `/` brought a slow-path subroutine whose call made ptxas spill
-// around the epilogue, and took a GEMM0 tile's epilogue from about 5 to 7-15 us inside the layer; removing it made
-// layers 7-13% faster (docs/kernel.md, "The SwiGLU division").
-__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+// SwiGLU stays in registers. silu(g) = g sigmoid(g) = (g / 2)(1 + tanh(g / 2)), with tanh.approx.f32: one MUFU per
+// element. The epilogue's SwiGLU is a latency-bound chain per warp, and the former EX2 -> RCP pair (__fdividef(g,
+// 1 + __expf(-g))) made a GEMM0 tile's epilogue about 5 us; this one takes it to 2.6-3.5 us and layers 1-3% faster
+// (docs/kernel.md, "SwiGLU by tanh.approx"). Accuracy (tests/kernel/silu_probe.cu, measured on an H200): at most
+// 1.1e-5 absolute anywhere in [-64, 64], i.e. under 0.08 of half a bf16 ulp of silu(g) for g >= -8; below -8 silu
+// is under 3e-3 in size and its relative error grows (to 0.3 in [-16, -8), up to 1 below -16), still within the
+// same absolute bound. No IEEE `/` here: its slow-path subroutine made ptxas spill around the epilogue
+// (docs/kernel.md, "The SwiGLU division").
+__device__ __forceinline__ float silu(float g) {
+  const float h = 0.5f * g;
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(h));
+  return fmaf(h, t, h);
+}
 
 // A thread's outputs as bf16 pairs: pair j holds accumulators (2j, 2j + 1), i.e. row acc_row(2j), columns
 // acc_col(2j) and + 1. Packing first halves the registers the epilogue holds across its barriers (the 128 fp32
