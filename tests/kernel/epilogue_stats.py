@@ -18,8 +18,9 @@ from collections import defaultdict
 KIND = {2: "gemm0", 3: "gemm1"}
 # row_block -10 s - kind of a copy that also stamps the GEMM0 epilogue's steps (tests/kernel/epilogue_steps.patch;
 # docs/kernel.md "A GEMM0 tile's epilogue at decode sizes"): s = 3 SwiGLU and staging, 4 the stores, 5 the fence,
-# 6 the signal and the records; 7 a second staging pass (docs/results/epilogue_decode/staging_twice/)
-STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal", 7: "staging again"}
+# 6 the signal and the records; 7 a second staging pass (docs/results/epilogue_decode/staging_twice/); a GEMM1 tile's
+# two 128-column halves: 3 and 4 the first half's staging and stores, 8 and 9 the second's, 6 the rest
+STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal", 7: "staging again", 8: "staging 2", 9: "stores 2"}
 
 
 def epilogue_stats(path: str) -> dict:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,31 @@ def test_epilogue_steps(tmp_path, kernel_script):
     assert s["gemm1"]["steps_median_us"] == {}
     assert s["gemm0"]["epilogue_median_us"] == 5
     assert mod.main([str(p)]) == 0
+
+
+def test_gemm1_epilogue_steps(tmp_path, kernel_script):
+    """The GEMM1 halves of tests/kernel/epilogue_gemm1_steps.patch: -33 / -43 the first half's staging and stores,
+    -83 / -93 the second's, -63 the rest."""
+    mod = kernel_script("epilogue_stats")
+    ev = [_ev("gemm1", 0, 10, 0, 1), _ev("wait", 5, 5, 0, -10), _ev("wait", 5, 0.5, 0, -33), _ev("wait", 5.5, 1.5, 0, -43),
+          _ev("wait", 7, 0.25, 0, -83), _ev("wait", 7.25, 1.75, 0, -93), _ev("wait", 9, 1.0, 0, -63)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    s = mod.epilogue_stats(str(p))
+    assert s["gemm1"]["steps_median_us"] == {"staging": 0.5, "stores": 1.5, "staging 2": 0.25, "stores 2": 1.75,
+                                             "signal": 1.0}
+    assert "gemm0" not in s
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="no patch(1)")
+@pytest.mark.parametrize("name", ["epilogue_timing.patch", "epilogue_gemm1_steps.patch"])
+def test_timing_patches_apply_to_the_sources(tmp_path, name):
+    """The in-layer timing patches still apply to the current kernel sources (docs/kernel.md's epilogue sections
+    rerun them with tests/kernel/epilogue_run.sh)."""
+    src = Path(__file__).resolve().parents[2] / "weave_kernel" / "csrc"
+    dst = tmp_path / "csrc"
+    shutil.copytree(src, dst)
+    r = subprocess.run(["patch", "-s", "-d", str(dst), "-p3", "-i", str(Path(__file__).with_name(name))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "EXPERIMENT" in (dst / "tasks.cuh").read_text()
