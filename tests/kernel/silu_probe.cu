@@ -49,6 +49,7 @@ int main() {
               "now /halfulp", "before abs", "before rel", "before /halfulp");
   for (int r = 0; r + 1 < static_cast<int>(sizeof(edges) / sizeof(edges[0])); ++r) {
     double worst[2][3] = {{0, 0, 0}, {0, 0, 0}};
+    bool nan_seen[2] = {false, false};  // fmax drops NaN, so a NaN output is tracked on its own
     int count = 0;
     for (int i = 0; i < n; ++i) {
       if (g[i] < edges[r] || g[i] >= edges[r + 1]) continue;
@@ -57,12 +58,14 @@ int main() {
       const float got[2] = {now[i], before[i]};
       for (int k = 0; k < 2; ++k) {
         const double err = std::fabs(static_cast<double>(got[k]) - exact);
-        if (std::isnan(got[k])) worst[k][0] = worst[k][1] = worst[k][2] = NAN;
+        if (std::isnan(got[k])) nan_seen[k] = true;
         worst[k][0] = std::fmax(worst[k][0], err);
         if (exact != 0.0) worst[k][1] = std::fmax(worst[k][1], err / std::fabs(exact));
         worst[k][2] = std::fmax(worst[k][2], err / bf16_half_ulp(exact));
       }
     }
+    for (int k = 0; k < 2; ++k)
+      if (nan_seen[k]) worst[k][0] = worst[k][1] = worst[k][2] = NAN;
     char name[32];
     std::snprintf(name, sizeof(name), "[%g, %g)", edges[r], edges[r + 1]);
     std::printf("%-16s %-7d %12.3e %12.3e %14.3f %12.3e %12.3e %14.3f\n", name, count, worst[0][0], worst[0][1],

@@ -90,8 +90,9 @@ def _gpu_present() -> bool:
 @pytest.mark.skipif(shutil.which("nvcc") is None or not _gpu_present(), reason="needs nvcc and a CUDA GPU")
 def test_kernel_silu_accuracy(tmp_path):
     """The epilogue's silu (tanh.approx.f32) against silu in double on a dense grid of [-64, 64]: at most 2e-5
-    absolute everywhere (measured 1.1e-5 on an H200), and under a quarter of half a bf16 ulp of the value wherever
-    g >= -8 (measured 0.08), so rounding h to bf16 dominates; below -8 only the absolute bound holds."""
+    absolute everywhere (measured 1.04e-5 on an H200; a NaN output fails too), and under a quarter of half a bf16
+    ulp of the value wherever g >= -8 (measured 0.08), so rounding h to bf16 dominates; below -8 only the absolute
+    bound holds."""
     out = subprocess.run([str(_build_silu_probe(tmp_path))], capture_output=True, text=True, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("[")]
     assert len(rows) == 8, out
