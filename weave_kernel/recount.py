@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from weave_sim.jsonfile import read_json
 from weave_sim.validate import result_placement
 
 from .routing import result_routing
@@ -38,9 +39,9 @@ def main(argv=None) -> int:
     ap.add_argument("dst", help="the same with the counts added")
     args = ap.parse_args(argv)
     try:
-        data = json.loads(Path(args.src).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        ap.error(f"cannot read kernel benchmark results {args.src}: {exc}")
+        data = read_json(args.src, "kernel benchmark results")
+    except ValueError as exc:
+        ap.error(str(exc))
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         ap.error(f"{args.src} is not a kernel benchmark file (python -m weave_kernel.bench writes one: 'results')")
     cfg = data.get("config", {})

@@ -58,6 +58,7 @@ import numpy as np
 
 from weave_sim.costmodel import bound_volumes, lower_bound_ns
 from weave_sim.engine import simulate_layer
+from weave_sim.jsonfile import read_json
 from weave_sim.presets import ModelPreset
 from weave_sim.calibrate import scaled_profile
 from weave_sim.profile import fp8_profile, load_profile, profile_from_dict  # noqa: F401 (fp8_profile: this module's interface too)
@@ -177,10 +178,7 @@ def warn_other_kernel(data: dict, profile) -> None:
 def results_with_counts(path: Path, tokens: str = "") -> tuple[dict, list[dict]]:
     """A benchmark file and its results at the given tokens per GPU (comma-separated; all if empty); ValueError
     unless there is at least one and every one carries the exchanged counts the simulator needs."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
+    data = read_json(path, "kernel benchmark results")
     keep = set(parse_ints(tokens, "--tokens"))
     picked = [r for r in bench_results(data) if not keep or int(r["tokens_per_gpu"]) in keep]
     if not picked or any("counts" not in r for r in picked):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .jsonfile import read_json
 from .profile import load_profile, profile_from_dict
 
 REQUIRED = ("gpu_name", "date", "num_sms", "nvlink_push", "gemm")
@@ -400,10 +401,7 @@ def _add_note(section: dict, note: str) -> None:
 
 def read_measurements(path) -> dict:
     """A measurements (or benchmark) JSON file, or a CalibrationError naming it."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"cannot read measurements {path}: {exc}") from None
+    return read_json(path, "measurements", CalibrationError)
 
 
 def apply_fit(prof: dict, fitted: str | Path) -> dict:
@@ -624,10 +622,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     if unknown or not params:
         raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
                                f"got {tuple(params)}")
-    try:
-        bench = json.loads(Path(bench_path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"cannot read kernel benchmark {bench_path}: {exc}") from None
+    bench = read_json(bench_path, "kernel benchmark", CalibrationError)
     from .validate import bench_results
 
     bench = {**bench, "results": [r for r in bench_results(bench) if r["tokens_per_gpu"] >= min_tokens]}

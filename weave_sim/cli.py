@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
+from .jsonfile import read_json
 from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
 from .report import format_table, write_json
 from .workload import model_workloads
@@ -83,7 +84,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     rows = validate_file(args.results, profile, seed=args.seed,
                          trace_dir=args.out / "traces" if args.traces else None, workers=args.workers)
-    bench = json.loads(Path(args.results).read_text())
+    bench = read_json(args.results, "kernel benchmark results")
     warnings = [w for w in (kernel_sources_warning(bench, profile), dispatch_warning(bench, profile)) if w]
     for w in warnings:
         print(f"warning: {w}")
@@ -154,8 +155,6 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import json
-
     from .calibrate import amend_decision, calibrate_file, fit_profile
 
     if args.amend is not None:

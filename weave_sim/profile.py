@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .jsonfile import read_json
+
 SCHEMA_VERSION = 1
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 _TOP_KEYS = {
@@ -166,11 +168,7 @@ def load_profile(name_or_path: str | Path = "h200") -> HardwareProfile:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
         raise ProfileError(f"no hardware profile {str(name_or_path)!r}; shipped profiles: {known}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not valid JSON ({exc})") from None
-    return profile_from_dict(data, origin=str(path))
+    return profile_from_dict(read_json(path, "hardware profile", ProfileError), origin=str(path))
 
 
 def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:

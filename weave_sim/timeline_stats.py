@@ -6,8 +6,7 @@ The simulator (`engine/timeline.py`) and the megakernel (`weave_kernel/timeline.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from .jsonfile import read_json
 
 IDLE_KINDS = ("wait",)
 
@@ -15,12 +14,7 @@ IDLE_KINDS = ("wait",)
 def load_events(trace) -> list[dict]:
     """The `X` events of a trace given as a path or an already loaded dictionary."""
     if not isinstance(trace, dict):
-        try:
-            trace = json.loads(Path(trace).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read Chrome trace {trace}: {exc}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"cannot read Chrome trace {trace}: not a text (JSON) file") from None
+        trace = read_json(trace, "Chrome trace")
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace: no traceEvents list")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .jsonfile import read_json
 from .placement import Placement, contiguous, explicit
 from .presets import ModelPreset, get_model
 from .profile import HardwareProfile, profile_from_dict
@@ -268,12 +269,7 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path
                   workers: int = 1) -> list[ConfigValidation]:
     """validate_result for every result of a benchmark file, in its order; workers > 1 simulates the results in
     that many processes (the same rows: each simulation is a pure function of its inputs)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read kernel benchmark results {path}: {exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"cannot read kernel benchmark results {path}: not a text (JSON) file") from None
+    data = read_json(path, "kernel benchmark results")
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in results):
         raise ValueError(f"{path} is not a kernel benchmark file (python -m weave_kernel.bench writes one: "

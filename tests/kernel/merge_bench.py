@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from weave_sim.jsonfile import read_json
 from weave_sim.validate import bench_results
 
 
@@ -19,10 +20,7 @@ def merge(paths: list[str]) -> dict:
         raise ValueError("merge needs at least two benchmark files")
     docs = []
     for p in paths:
-        try:
-            d = json.loads(Path(p).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read kernel benchmark results {p}: {exc}") from None
+        d = read_json(p, "kernel benchmark results")
         if not isinstance(d, dict) or not isinstance(d.get("results"), list) or not d["results"]:
             raise ValueError(f"{p} is not a kernel benchmark file with results")
         docs.append(d)
