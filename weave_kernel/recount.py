@@ -22,7 +22,7 @@ from .routing import result_routing
 def counts_for(result: dict, cfg: dict) -> dict:
     """Counts of one benchmark result: pairs per (source rank, expert) and, since this kernel dispatches one
     row per (token, expert) pair, dispatch rows per (source, destination) counted in pairs."""
-    world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
+    world, n, experts = result["gpus"], result["tokens_per_gpu"], result["experts"]
     owner = result_placement(result).owner
     pairs = np.zeros((world, experts), dtype=np.int64)
     for rank in range(world):

@@ -73,7 +73,7 @@ POLICIES = ("kernel:static:20", "kernel:weave")
 
 def distinct_dispatch_rows(result: dict, cfg: dict) -> np.ndarray:
     """[G_src, G_dst]: tokens of src with at least one of their top-k experts on dst (the benchmark's routing)."""
-    world, n, experts, top_k = result["gpus"], result["tokens_per_gpu"], result["experts"], result["top_k"]
+    world, n, top_k = result["gpus"], result["tokens_per_gpu"], result["top_k"]
     owner = result_placement(result).owner
     rows = np.zeros((world, world), dtype=np.int64)
     for rank in range(world):
