@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
-from .jsonfile import read_json
 from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
 from .report import format_table, write_json
 from .workload import model_workloads
@@ -77,14 +76,15 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
-    from .validate import dispatch_warning, errors_by_policy, kernel_sources_warning, summarize, validate_file
+    from .validate import (dispatch_warning, errors_by_policy, kernel_sources_warning, read_bench, summarize,
+                           validate_file)
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     profile = load_profile(args.profile)
+    bench = read_bench(args.results)
     rows = validate_file(args.results, profile, seed=args.seed,
-                         trace_dir=args.out / "traces" if args.traces else None, workers=args.workers)
-    bench = read_json(args.results, "kernel benchmark results")
+                         trace_dir=args.out / "traces" if args.traces else None, workers=args.workers, data=bench)
     warnings = [w for w in (kernel_sources_warning(bench, profile), dispatch_warning(bench, profile)) if w]
     for w in warnings:
         print(f"warning: {w}")

@@ -265,10 +265,9 @@ def dispatch_warning(bench: dict, profile: HardwareProfile) -> str | None:
             f"{curve!r} copies (calibrate --dispatch {measured}, then weave-sim calibrate on those measurements)")
 
 
-def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None,
-                  workers: int = 1) -> list[ConfigValidation]:
-    """validate_result for every result of a benchmark file, in its order; workers > 1 simulates the results in
-    that many processes (the same rows: each simulation is a pure function of its inputs)."""
+def read_bench(path) -> dict:
+    """A kernel benchmark file (python -m weave_kernel.bench), checked to hold results with latencies; ValueError
+    naming the file otherwise."""
     data = read_json(path, "kernel benchmark results")
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in results):
@@ -276,6 +275,16 @@ def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path
                          f"'results', each with 'latency_ms')")
     if not results:
         raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
+    return data
+
+
+def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None,
+                  workers: int = 1, data: dict | None = None) -> list[ConfigValidation]:
+    """validate_result for every result of a benchmark file, in its order; workers > 1 simulates the results in
+    that many processes (the same rows: each simulation is a pure function of its inputs). `data`: the file as
+    read_bench already read it (so a caller that needs it too reads it once)."""
+    if data is None:
+        data = read_bench(path)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     results = bench_results(data)
