@@ -26,6 +26,7 @@ import torch
 
 from weave_kernel.fp8 import (dequant_weight, moe_reference_fp8, quantize_act, quantize_experts, quantize_weight,
                                shared_ffn_fp8)
+from weave_kernel.gpu_state import GpuStateSampler
 from weave_kernel.megakernel import MoEMegakernel
 from weave_kernel.reference import make_shared_weights, make_weights, moe_reference
 from weave_kernel.routing import skewed_routing
@@ -220,8 +221,20 @@ def quantize_chunked(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16):
             (cat([p[1][0] for p in parts]), cat([p[1][1] for p in parts])))
 
 
-def bench(models: list[str], tokens: list[int], reps: int) -> list[tuple]:
+def bench(models: list[str], tokens: list[int], reps: int, gpu_state: bool = False) -> list[tuple]:
+    """bf16, FP8, bf16 again per (model, tokens, policy), each the median of `reps` back-to-back calls. gpu_state:
+    also the median SM clock (MHz) nvidia-smi sampled while each was timed (weave_kernel.gpu_state; None where it
+    did not answer), logged beside the times: `bench`'s FP8 layers ran faster than these (docs/kernel.md, "SwiGLU by
+    tanh.approx"), and the clock says whether the power cap is why."""
     dev = torch.device("cuda", torch.cuda.current_device())
+    sampler = GpuStateSampler.for_device(dev) if gpu_state else None
+
+    def clocked(fn) -> tuple[float, float | None]:
+        t0 = time.time()
+        ms = timed(fn, reps)
+        s = sampler.summary(t0, time.time()) if sampler is not None else None
+        return ms, (s["sm_mhz_median"] if s else None)
+
     rows = []
     for name in models:
         m = get_model(name)
@@ -235,17 +248,20 @@ def bench(models: list[str], tokens: list[int], reps: int) -> list[tuple]:
             x = torch.randn(n, H, device=dev).to(torch.bfloat16)
             ids, tw = routing(n, E, k, 1, dev)
             for pol in ("static:8", "weave"):
-                tb = timed(lambda: lb(x, ids, tw, w13b, w2b, policy=pol, check=False), reps)
-                t8 = timed(lambda: l8(x, ids, tw, w13, w2, policy=pol, check=False), reps)
-                tb2 = timed(lambda: lb(x, ids, tw, w13b, w2b, policy=pol, check=False), reps)  # drift between
+                tb, cb = clocked(lambda: lb(x, ids, tw, w13b, w2b, policy=pol, check=False))
+                t8, c8 = clocked(lambda: l8(x, ids, tw, w13, w2, policy=pol, check=False))
+                tb2, cb2 = clocked(lambda: lb(x, ids, tw, w13b, w2b, policy=pol, check=False))  # drift between
                 flops = 2 * 3 * H * I * n * k
                 rows.append((name, n, pol, tb, tb2, t8, flops / tb / 1e9, flops / t8 / 1e9, tb / t8))
+                mhz = (f", SM MHz {cb:.0f} / {c8:.0f} / {cb2:.0f}" if None not in (cb, c8, cb2) else "")
                 log(f"BENCH {name} n={n} {pol}: bf16 {tb:.3f} / {tb2:.3f} ms, fp8 {t8:.3f} ms, "
-                    f"{flops / t8 / 1e9:.0f} TFLOP/s, bf16 / fp8 {tb / t8:.3f}x")
+                    f"{flops / t8 / 1e9:.0f} TFLOP/s, bf16 / fp8 {tb / t8:.3f}x{mhz}")
             lb.raise_if_error()
             l8.raise_if_error()
         del lb, l8, w13b, w2b, w13, w2
         torch.cuda.empty_cache()
+    if sampler is not None:
+        sampler.stop()
     return rows
 
 
@@ -258,6 +274,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="2048,4096,8192")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--gpu-state", action="store_true", help="--bench: log the SM clock of each timing too")
     ap.add_argument("--virtual-only", action="store_true",
                     help="only the virtual-rank cases (small: for compute-sanitizer)")
     args = ap.parse_args()
@@ -301,7 +318,7 @@ def main() -> int:
             check(False, "refusals: raised")
         log(f"SUMMARY: {len(FAILURES)} failures in {time.time() - t0:.0f} s")
     if args.bench and not FAILURES:
-        rows = bench(args.models.split(","), [int(t) for t in args.tokens.split(",")], args.reps)
+        rows = bench(args.models.split(","), [int(t) for t in args.tokens.split(",")], args.reps, args.gpu_state)
         log(f"{'model':18s} {'tokens':>6s} {'policy':8s} {'bf16 ms':>8s} {'(again)':>8s} {'fp8 ms':>8s} "
             f"{'bf16 TF/s':>9s} {'fp8 TF/s':>8s} {'bf16/fp8':>8s}")
         for r in rows:
