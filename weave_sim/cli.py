@@ -21,6 +21,11 @@ from .report import format_table, write_json
 from .workload import model_workloads
 
 
+def pct(v) -> str:
+    """A fraction as a percentage with one decimal, '-' for None (the tables of validate and calibrate --fp8)."""
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     rows = [
         [m.name, m.num_experts, m.top_k, m.hidden_size, m.expert_ffn_size, m.num_shared_experts, m.num_moe_layers,
@@ -96,8 +101,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "-" if pred is None else f"{100 * (pred - meas) / meas:+.1f}%"])
     print(format_table(["model", "tokens/GPU", "policy", "measured us", "predicted us", "error"], table,
                        f"simulator (profile {args.profile}) vs kernel measurements in {args.results}"))
-    def pct(v):
-        return "-" if v is None else f"{100 * v:.1f}%"
 
     gains = [[r.label, r.tokens_per_gpu, pct(r.regret_static), pct(r.regret_weave),
               "-" if r.gain_predicted is None else r.gain_predicted, "-" if r.gain_measured is None else r.gain_measured]
@@ -157,10 +160,32 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import amend_decision, calibrate_file, fit_profile
 
+    if args.fp8 is not None and args.amend is None:
+        raise ValueError("--fp8 fits the FP8 tile factor of an existing profile: give it with --amend PROFILE")
     if args.amend is not None:
-        if args.measurements is not None or args.fit is not None or not args.decision or args.piece_cost:
-            raise ValueError("--amend PROFILE takes --decision TRACE... only (no measurements file, --fit or "
-                             "--piece-cost)")
+        if (args.measurements is not None or args.fit is not None or args.piece_cost
+                or bool(args.decision) == bool(args.fp8)):
+            raise ValueError("--amend PROFILE takes either --decision TRACE... or --fp8 BF16.json:FP8.json... (no "
+                             "measurements file, --fit or --piece-cost)")
+        if args.fp8:
+            from .fp8fit import amend_fp8, parse_pairs
+
+            prof = amend_fp8(args.amend, parse_pairs(args.fp8), args.output, name=args.name,
+                             fixed_scale=args.fp8_fixed_scale, workers=max(1, args.workers))
+            fit = prof["calibration"]["fp8_from"]
+            prev = fit["previous"]
+            print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: FP8 tiles x{fit['scale']:g}"
+                  + ("" if fit["fixed_scale"] is None else f", their fixed cost x{fit['fixed_scale']:g}")
+                  + f", over {fit['points']} points")
+            print(format_table(
+                ["FP8 factors", "gain error median", "median |.|", "worst |.|", "FP8 latency median |err|", "worst"],
+                [[f"x{f['scale']:g}" + ("" if f["fixed_scale"] is None else f" / fixed x{f['fixed_scale']:g}")
+                  + (" (before)" if f is prev else ""),
+                  f"{100 * f['median_gain_error']:+.1f}%", pct(f["median_abs_gain_error"]),
+                  pct(f["worst_abs_gain_error"]), pct(f["median_abs_fp8_latency_error"]),
+                  pct(f["worst_abs_fp8_latency_error"])] for f in (prev, fit)],
+                "simulated against measured FP8 gain t(bf16) / t(FP8), + = the simulator expects more"))
+            return 0
         prof = amend_decision(args.amend, args.decision, args.output, name=args.name)
         print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: decision "
               f"{prof['fixed_ns']['decision']} ns from {prof['calibration']['decision_from']['records']} choose records")
@@ -254,8 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the fixed cost of one dispatch piece (fixed_ns.dispatch_piece) from python -m "
                         "weave_kernel.piece_cost --out FILE (a fit of measured traces' dispatch records)")
     p.add_argument("--amend", default=None, metavar="PROFILE",
-                   help="with --decision only: this existing profile with the measured decision cost (refused for a "
-                        "profile fitted to weave latencies, which must be refitted)")
+                   help="with --decision: this existing profile with the measured decision cost (refused for a "
+                        "profile fitted to weave latencies, which must be refitted); with --fp8: with its FP8 tile "
+                        "factor fitted")
+    p.add_argument("--fp8", nargs="+", default=None, metavar="BF16.json:FP8.json",
+                   help="with --amend: fit the profile's FP8 tile factor (gemm.fp8_scale) to pairs of kernel "
+                        "benchmarks of the same configurations with bf16 and with FP8 experts, run the same way: the "
+                        "factor at which the simulated FP8 gain t(bf16) / t(FP8) matches the measured one at the median "
+                        "(weave_sim/fp8fit.py)")
+    p.add_argument("--fp8-fixed-scale", type=float, default=1.0,
+                   help="with --fp8: the factor on a tile's fixed cost (gemm.k_fixed) for FP8 tiles (default 1: it "
+                        "does not speed up with the MMAs)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,

@@ -244,28 +244,36 @@ def _table(obj, label: str, need) -> tuple[np.ndarray, np.ndarray]:
 FP8_TILE_SCALE = 1.25
 
 
-def fp8_profile(profile: HardwareProfile, speedup: float | None = None) -> HardwareProfile:
+def fp8_profile(profile: HardwareProfile, speedup: float | None = None,
+                fixed_speedup: float | None = None) -> HardwareProfile:
     """`profile` for FP8 expert tiles: per-SM GEMM rates x speedup (default: the profile's gemm.fp8_scale, else
     FP8_TILE_SCALE), the chip's GEMM peak doubled (FP8's dense peak), and with a power model the energy per FLOP /
-    speedup (the same power at the faster rate). A tile's fixed cost (gemm.k_fixed) is a share of its rate-based time,
-    so it scales with the rates too; keeping it out of the speedup fitted no better (docs/kernel.md, "FP8 experts:
-    decode, shared experts, ...")."""
+    speedup (the same power at the faster rate). A tile's fixed cost (gemm.k_fixed: claim, pipeline fill, epilogue)
+    gets fixed_speedup instead (default: the profile's gemm.fp8_fixed_scale, else the same speedup): with the fixed
+    part at 1, only the part of a tile that grows with K runs faster, so FP8 gains more on long-K tiles (docs/kernel.md,
+    "The FP8 tile factor, measured in one harness")."""
     raw = json.loads(json.dumps(profile.raw))
     gemm = raw["gemm"]
     if "fp8_applied" in gemm:
         raise ValueError(f"profile {profile.name} already has FP8 tiles (x{gemm['fp8_applied']['scale']})")
     s = float(speedup if speedup is not None else gemm.get("fp8_scale", FP8_TILE_SCALE))
-    if not s > 0:
-        raise ValueError(f"the FP8 tile speedup must be > 0, got {s}")
+    sf = float(fixed_speedup if fixed_speedup is not None else gemm.get("fp8_fixed_scale", s))
+    if not s > 0 or not sf > 0:
+        raise ValueError(f"the FP8 tile speedups must be > 0, got {s} (tile) and {sf} (its fixed cost)")
     # the bf16 values, for table_profile (restored as they were, not divided back)
-    gemm["fp8_applied"] = {"scale": s, "per_sm_tflops_by_rows": dict(gemm["per_sm_tflops_by_rows"]),
-                           "peak_tflops": gemm["peak_tflops"],
+    gemm["fp8_applied"] = {"scale": s, "fixed_scale": sf, "per_sm_tflops_by_rows": dict(gemm["per_sm_tflops_by_rows"]),
+                           "peak_tflops": gemm["peak_tflops"], "k_fixed": gemm.get("k_fixed"),
                            "w_per_tflops": raw["power"]["w_per_tflops"] if raw.get("power") else None}
     gemm["per_sm_tflops_by_rows"] = {k: v * s for k, v in gemm["per_sm_tflops_by_rows"].items()}
     gemm["peak_tflops"] = 2.0 * gemm["peak_tflops"]
+    if gemm.get("k_fixed") and sf != s:
+        # A tile of K takes F / rate x (share k / K + 1 - share) (HardwareProfile.k_factor). With the rate x s, the
+        # fixed term share k / K stays at 1 / sf of its bf16 time when k grows by s / sf; the share is unchanged.
+        gemm["k_fixed"] = {**gemm["k_fixed"], "k": gemm["k_fixed"]["k"] * s / sf}
     if raw.get("power"):
         raw["power"]["w_per_tflops"] = raw["power"]["w_per_tflops"] / s
-    return profile_from_dict(raw, origin=f"{profile.name}, FP8 tiles x{s}")
+    fixed = "" if sf == s else f", their fixed cost x{sf:g}"
+    return profile_from_dict(raw, origin=f"{profile.name}, FP8 tiles x{s:g}{fixed}")
 
 
 def table_profile(profile: HardwareProfile) -> HardwareProfile:
@@ -279,6 +287,8 @@ def table_profile(profile: HardwareProfile) -> HardwareProfile:
     base = gemm.pop("fp8_applied")
     gemm["per_sm_tflops_by_rows"] = base["per_sm_tflops_by_rows"]
     gemm["peak_tflops"] = base["peak_tflops"]
+    if base.get("k_fixed"):  # (profiles written before fixed_scale have no k_fixed here: theirs was not changed)
+        gemm["k_fixed"] = base["k_fixed"]
     if raw.get("power"):
         raw["power"]["w_per_tflops"] = base["w_per_tflops"]
     return profile_from_dict(raw, origin=f"{profile.name} (its bf16 tiles)")

@@ -66,23 +66,28 @@ def random_layer(num_gpus: int, tokens: int, model: ModelPreset, *, skew: float 
 
 
 def simulated_bench_file(path, profile: HardwareProfile, hidden: int, inter: int, *, tokens: int = 1024,
-                         policies=("static:4", "static:24"), seed: int = 0):
+                         policies=("static:4", "static:24"), seed: int = 0, expert_dtype: str = "bf16"):
     """Write a kernel-benchmark JSON (weave_kernel.bench's result format) of one 2-GPU layer (8 experts, top-2,
     uniform random routing) whose latencies `profile` simulated: what `weave-sim calibrate --fit` should fit
-    back. Returns the path."""
+    back. expert_dtype 'fp8': FP8 experts (profile.fp8_profile of `profile`, e4m3 bytes), recorded as bench
+    --expert-dtype fp8 records them, for `calibrate --fp8`. Returns the path."""
     import json
     from pathlib import Path
 
+    from ..profile import fp8_profile
     from ..validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
     from .run import simulate_layer
 
     model = ModelPreset("m", hidden, inter, 8, 2, 0, 1)
     ids = np.argsort(np.random.default_rng(seed).random((2 * tokens, 8)), axis=1)[:, :2]
     w = pairs_dispatched(layer_workload(ids, model, contiguous(8, 2)))  # the kernel's counts are pair-based
-    lat = {p: simulate_layer(w, profile, sim_policy(p), **KERNEL_OPTIONS).latency_ns / 1e6 for p in policies}
+    fp8 = expert_dtype == "fp8"
+    opts = {**KERNEL_OPTIONS, **({"expert_dtype": "fp8"} if fp8 else {})}
+    prof = fp8_profile(profile) if fp8 else profile
+    lat = {p: simulate_layer(w, prof, sim_policy(p), **opts).latency_ns / 1e6 for p in policies}
     Path(path).write_text(json.dumps({"results": [{
         "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": tokens, "gpus": 2, "experts": 8, "top_k": 2,
-        "hidden": hidden, "inter": inter, "latency_ms": lat,
+        "hidden": hidden, "inter": inter, "latency_ms": lat, **({"expert_dtype": "fp8"} if fp8 else {}),
         "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(), "dispatch_rows": w.dispatch_rows.tolist(),
                    "tokens_per_gpu": [tokens, tokens]}}]}))
     return Path(path)
