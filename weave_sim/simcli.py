@@ -141,7 +141,8 @@ def _add_shared_argument(p) -> None:
     p.add_argument("--expert-dtype", default="bf16", choices=list(EXPERT_DTYPES),
                    help="the experts' format: bf16 (default) or fp8 (the megakernel's e4m3 with 128x128 block scales: "
                         "half the weight and dispatch bytes, tiles at the profile's gemm.fp8_scale, else 1.25, x its "
-                        "per-SM rate, fitted to the measured FP8 layers; the lower bound at FP8's peak)")
+                        "per-SM rate, their fixed cost at its gemm.fp8_fixed_scale (the EP=1 profiles: fitted to "
+                        "measured FP8 layers by weave-sim calibrate --fp8); the lower bound at FP8's peak)")
 
 
 POLICY_FORMS = "sequential, static:C[:K], weave, oracle[:fast] or kernel:P (docs/engine.md, Policies)"
