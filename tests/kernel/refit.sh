@@ -9,7 +9,8 @@
 # the calibration measured it, gemm_by_k) and, with a decode run, -power-pad-TAG.json (below), validate_*/, tables,
 # gap_TAG.txt; with
 # DIR/calib_bulk_TAG.json (final_run.sh run D) also h200-calibrated-bulk-TAG.json, the push curve of bulk dispatch;
-# with FP8 runs in DIR (runs F8 / F8D: bench_F8*_*.json) each one against its bf16 twin and validated.
+# with FP8 runs in DIR (runs F8 / F8D: bench_F8*_*.json) each one against its bf16 twin and validated, and the FP8
+# tile factor fitted to the pairs (-fp8-TAG.json profiles).
 # With traces of weave in DIR (final_run.sh run traces / traces_fitted: trace_*weave_*.json) the profiles charge weave's
 # choice what their choose records measured (weave-sim calibrate --decision); else the base profile's figure. The
 # default-routing ones (trace_weave_*.json) also give a dispatch piece's fixed cost: refit/piece_cost_TAG.json.
@@ -72,13 +73,24 @@ fi
 # FP8 runs (final_run.sh F8 / F8D, with or without their own tag suffix): each against its bf16 twin
 # (compare_bench.py: geomean bf16 / FP8 per policy) and held out for the fixed-clock refit (weave-sim validate
 # simulates FP8 results with the profile's FP8 tiles, docs/kernel.md "FP8 experts in the layer")
+PAIRS=()
 for f8 in $DIR/bench_F8_*.json $DIR/bench_F8D_*.json $DIR/bench_F8SH_*.json; do
   [ -f "$f8" ] || continue
   base=$(basename $f8 .json); kind=${base%_*}; sfx=${base#${kind}_}  # bench_F8D_TAG -> bench_F8D, TAG
   bf=$DIR/${kind}bf_$sfx.json
   [ -f "$bf" ] && python3 tests/kernel/compare_bench.py $f8 $bf > $O/${base}_vs_bf16.txt && tail -3 $O/${base}_vs_bf16.txt
+  [ -f "$bf" ] && [ "$kind" != bench_F8SH ] && PAIRS+=("$bf:$f8")  # (the fused shared expert: not a pair of the fit)
   weave-sim validate $f8 --profile $O/h200-megakernel-$TAG.json --out $O/validate_$base | grep -E "^summary|^warning"
 done
+# ... and the refits' FP8 tile factor fitted to those pairs (weave-sim calibrate --fp8, docs/calibration.md): written
+# beside them as -fp8 profiles, to compare with the factor the EP=1 profiles carry
+if [ ${#PAIRS[@]} -gt 0 ]; then
+  for p in h200-megakernel h200-megakernel-power; do
+    [ -f $O/$p-$TAG.json ] || continue
+    weave-sim calibrate --amend $O/$p-$TAG.json --fp8 "${PAIRS[@]}" --workers 2 -o $O/$p-fp8-$TAG.json \
+      > $O/fit_fp8_$p-$TAG.txt 2>&1 && tail -2 $O/fit_fp8_$p-$TAG.txt || echo "FP8 fit of $p failed (see $O/fit_fp8_$p-$TAG.txt)"
+  done
+fi
 python3 tests/kernel/results_tables.py $A $B > $O/tables_$TAG.md
 # where run B's distance to the lower bound goes, by the fixed-clock refit (docs/results.md)
 python3 -m weave_kernel.gap $B --profile $O/h200-megakernel-$TAG.json --out $O/gap_$TAG.json > $O/gap_$TAG.txt
