@@ -5,6 +5,10 @@ weave_kernel.predict at EP=1 on the same models and token counts, bf16 and with 
 rate (whatif's fp8:S) for each S given; prints, per S, the median and worst |predicted - measured| / measured of the
 FP8 layers and the predicted against the measured geomean gain t(bf16) / t(FP8) (measured bf16: the mean of its
 two timings). Usage: python tests/kernel/fp8_sim_check.py FP8_WORKER_LOG [--profile P] [--scales 1.15,1.2,1.25,1.3]
+
+Superseded for fitting: fp8_worker's FP8 timings run at the clock its bf16 calls left, which understates FP8's gain.
+Fit a profile's factor with `weave-sim calibrate --amend P --fp8 BF16.json:FP8.json` on bench files, each format
+timed in its own process (docs/calibration.md, "FP8 tiles, from bf16 / FP8 benchmark pairs").
 """
 from __future__ import annotations
 

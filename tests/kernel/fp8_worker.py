@@ -11,7 +11,10 @@ inputs the layer must refuse.
 
 Speed (--bench): the six models' layers at EP=1 (every routed expert on this GPU), bf16 against FP8, Zipf(1.0)
 routing, interleaved in one process (bf16, FP8, bf16 again: the drift): median of REPS timed calls (CUDA events,
-2 warm-up calls); the FP8 layer quantizes x itself, inside the kernel. Prints one line per check, a table last, exits 1 on
+2 warm-up calls); the FP8 layer quantizes x itself, inside the kernel. A quick look, not the measure of FP8's gain:
+the FP8 calls run at the clock the bf16 calls before them left, which at the 700 W cap is lower than an FP8 layer
+holds on its own, so the gain comes out low (1.29x here against 1.38x with each format in its own `bench` process;
+docs/kernel.md, "The FP8 tile factor, measured in one harness"). --gpu-state logs the clock of each timing. Prints one line per check, a table last, exits 1 on
 any failure. Usage: python tests/kernel/fp8_worker.py [--bench] [--tokens 2048,4096,8192] [--reps 7]
 """
 from __future__ import annotations
