@@ -270,40 +270,33 @@ class Bench:
         grid_bar = torch.zeros(2, dtype=torch.int32, device=self.dev)
         points = []
         try:
-            for n in plan.power_ctas:
-                ctas = self.num_sms if n == 0 else min(n, self.num_sms)
-                what = f"power gemm ({ctas} CTAs)"
-                fn = self.gemm_call(a, b, c, tickets, grid_bar, e, rows, ctas, 1)
+            def sustained_point(a_in, ctas: int, what: str, extra: dict) -> dict:
+                """One sustained GEMM on `ctas` CTAs, checked; the point of the rank that drew the most power."""
+                fn = self.gemm_call(a_in, b, c, tickets, grid_bar, e, rows, ctas, 1)
                 fn()
                 self.check(what)
                 self.barrier()
                 ms, t0, t1 = sustained_ms(fn, plan.power_sustain_s)
                 self.check(what)
                 st = sampler.summary(t0, t1) or {}
-                mine = {"ctas": ctas, "tflops": round(useful_tflops(e, rows, ms), 1),
+                mine = {"ctas": ctas, **extra, "tflops": round(useful_tflops(e, rows, ms), 1),
                         "sm_mhz": st.get("sm_mhz_median"), "power_w": st.get("power_w_max"),
                         "power_w_median": st.get("power_w_median"), "event_reasons": st.get("event_reasons", []),
                         "gpu": st.get("gpu")}
-                points.append(max(self.gather(mine), key=lambda p: p["power_w"] or 0.0))
+                return max(self.gather(mine), key=lambda p: p["power_w"] or 0.0)
+
+            for n in plan.power_ctas:
+                ctas = self.num_sms if n == 0 else min(n, self.num_sms)
+                points.append(sustained_point(a, ctas, f"power gemm ({ctas} CTAs)", {}))
             self.verify_gemm(a, b, c, e, rows, "power gemm")
             pad_points = []
             for z in plan.power_pad_rows:  # padding rows: the last z of every block zeroed, all SMs
                 what = f"power gemm ({z} zero rows per block)"
                 az = a.clone()
                 az.view(e * rows // BLOCK_ROWS, BLOCK_ROWS, GEMM_K)[:, BLOCK_ROWS - z:] = 0
-                fn = self.gemm_call(az, b, c, tickets, grid_bar, e, rows, self.num_sms, 1)
-                fn()
-                self.check(what)
-                self.barrier()
-                ms, t0, t1 = sustained_ms(fn, plan.power_sustain_s)
-                self.check(what)
+                pad_points.append(sustained_point(az, self.num_sms, what,
+                                                  {"pad_rows": z, "pad_fraction": round(z / BLOCK_ROWS, 4)}))
                 self.verify_gemm(az, b, c, e, rows, what)
-                st = sampler.summary(t0, t1) or {}
-                mine = {"ctas": self.num_sms, "pad_rows": z, "pad_fraction": round(z / BLOCK_ROWS, 4),
-                        "tflops": round(useful_tflops(e, rows, ms), 1), "sm_mhz": st.get("sm_mhz_median"),
-                        "power_w": st.get("power_w_max"), "power_w_median": st.get("power_w_median"),
-                        "event_reasons": st.get("event_reasons", []), "gpu": st.get("gpu")}
-                pad_points.append(max(self.gather(mine), key=lambda p: p["power_w"] or 0.0))
                 del az
             del a, b, c
             src = torch.empty(1 << 30, dtype=torch.uint8, device=self.dev)
