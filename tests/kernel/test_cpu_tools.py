@@ -63,3 +63,48 @@ def test_device_scripts_parse():
     for sh in scripts:
         r = subprocess.run(["bash", "-n", str(sh)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"{sh.name}: {r.stderr}"
+
+
+def _load(name: str):
+    """A script of tests/kernel as a module (its folder first on sys.path, as when it runs)."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "tests/kernel"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / f"tests/kernel/{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.pop(0)
+    return mod
+
+
+def test_harness_table_reads_the_committed_probe(capsys):
+    """tests/kernel/harness_table.py on the committed harness call (docs/results/fp8_harness/): fp8_worker's BENCH
+    lines with their clocks, bench's latencies and sustained times, and the ratios between them, as table.txt has
+    them."""
+    mod = _load("harness_table")
+    d = ROOT / "docs/results/fp8_harness"
+    worker = mod.worker_rows(str(d / "fp8_worker.log"))
+    assert worker[("deepseek-v2", 2048, "weave", "fp8")] == (1.695, 1950.0)
+    assert worker[("phi-3.5-moe", 2048, "static:8", "bf16")] == (1.317, 1980.0)
+    bench = mod.bench_rows(str(d / "bench_fp8.json"))
+    ms, mhz = bench[("deepseek-v2", 2048, "weave", "fp8", "bench")]
+    assert abs(ms - 1.415) < 5e-4 and mhz == 1920.0
+    assert mod.main([str(d / "fp8_worker.log"), str(d / "bench_fp8.json"), str(d / "bench_bf16.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:] and "geomean fp8 bench / fp8_worker: 0.926 over 12" in out
+    assert out == (d / "table.txt").read_text()
+    # a line without clocks (fp8_worker without --gpu-state) parses too
+    line = "BENCH m n=64 weave: bf16 1.000 / 1.100 ms, fp8 0.500 ms, 10 TFLOP/s, bf16 / fp8 2.000x"
+    assert mod.LINE.match(line)[6] == "0.500" and mod.LINE.match(line)[8] is None
+
+
+def test_fp8_table_check_runs_small(capsys):
+    """tests/kernel/fp8_table_check.py on one model, one token count and one layer: both choices simulated, and the
+    ratio of the two near 1 (what docs/results/fp8_table/check.txt shows for all of them)."""
+    mod = _load("fp8_table_check")
+    assert mod.main(["--models", "qwen3-30b-a3b", "--tokens", "2048", "--layers", "1"]) == 0
+    out = capsys.readouterr().out
+    ratio = float(out.split("t(bf16 table) / t(FP8 table)")[1].split()[0])
+    assert 0.95 < ratio < 1.05 and "geomean" in out
