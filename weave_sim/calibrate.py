@@ -600,7 +600,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                 policies=None, min_tokens: int = 0, iters: int = 8, log=print, params=FIT_PARAMS,
                 power_path: Path | None = None, power: bool = True, hbm_power: bool = True, workers: int = 1,
                 concurrency_path: Path | None = None, k_fixed_path: Path | None = None, decision_traces=None,
-                piece_cost=None) -> dict:
+                piece_cost=None, timing: str = "bench") -> dict:
     """Coordinate search (golden section per parameter, `rounds` sweeps) of `params` (any of FIT_PARAMS and
     OPTIONAL_FIT_PARAMS; the others keep the base's values: scales 1, the base's fixed costs) minimising fit_error
     on a kernel benchmark file; returns the fitted profile dictionary with its provenance. Fitting a subset is
@@ -615,7 +615,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     (gemm_concurrency_curve) before fitting (fit conc_exp to weigh it). k_fixed_path: a file with tiles timed at
     several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting. decision_traces:
     Chrome traces of weave calls that give the base fixed_ns.decision (decision_from_traces) before fitting.
-    piece_cost: a weave_kernel.piece_cost file that gives the base fixed_ns.dispatch_piece before fitting."""
+    piece_cost: a weave_kernel.piece_cost file that gives the base fixed_ns.dispatch_piece before fitting.
+    timing: the benchmark's times to fit, 'bench' (latency_ms) or 'sustained' (sustained_ms; validate.timed_as)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
@@ -623,7 +624,9 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
                                f"got {tuple(params)}")
     bench = read_json(bench_path, "kernel benchmark", CalibrationError)
-    from .validate import bench_results
+    from .validate import bench_results, timed_as
+
+    bench = timed_as(bench, timing, bench_path)
 
     bench = {**bench, "results": [r for r in bench_results(bench) if r["tokens_per_gpu"] >= min_tokens]}
     if not bench["results"]:
@@ -691,7 +694,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     prof["name"] = name or f"{base}-fitted"
     prof["version"] = f"fit-{Path(bench_path).stem}"
     prof["measured_by"] = "weave-sim calibrate --fit (kernel benchmark latencies)"
-    prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) latencies of {bench_path} "
+    prof["source"] = (f"Base profile {base} fitted to {n} measured (config, policy) "
+                      f"{'sustained ' if timing == 'sustained' else ''}latencies of {bench_path} "
                       f"({bench.get('header', 'kernel benchmark')}; fitted: {', '.join(params)}): "
                       f"per-SM GEMM rate x {x['gemm_scale']:.3f}, "
                       f"push bandwidth per CTA x {x['push_scale']:.3f}, count exchange {x['fixed_us']:.1f} us, "
@@ -715,7 +719,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                            **({} if k_fixed_path is None else {"k_fixed_from": str(k_fixed_path)}),
                            **({} if decision is None else {"decision_from": decision}),
                            **({} if piece is None else {"dispatch_piece_from": piece}),
-                           "fitted_to": str(bench_path), "params": x, "fitted": list(params),
+                           "fitted_to": str(bench_path), "timing": timing, "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,
                            # the kernel the latencies came from (weave_kernel.build.sources_digest), if recorded

@@ -87,7 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     profile = load_profile(args.profile)
-    bench = read_bench(args.results)
+    bench = read_bench(args.results, args.timing)
     rows = validate_file(args.results, profile, seed=args.seed,
                          trace_dir=args.out / "traces" if args.traces else None, workers=args.workers, data=bench)
     warnings = [w for w in (kernel_sources_warning(bench, profile), dispatch_warning(bench, profile)) if w]
@@ -160,6 +160,8 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import amend_decision, calibrate_file, fit_profile
 
+    if args.timing != "bench" and args.fit is None and args.fp8 is None:
+        raise ValueError("--timing applies to fits of kernel benchmarks: --fit BENCH.json or --fp8 BF16.json:FP8.json")
     if args.fp8 is not None and args.amend is None:
         raise ValueError("--fp8 fits the FP8 tile factor of an existing profile: give it with --amend PROFILE")
     if args.amend is not None:
@@ -171,7 +173,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             from .fp8fit import amend_fp8, parse_pairs
 
             prof = amend_fp8(args.amend, parse_pairs(args.fp8), args.output, name=args.name,
-                             fixed_scale=args.fp8_fixed_scale, workers=max(1, args.workers))
+                             fixed_scale=args.fp8_fixed_scale, workers=max(1, args.workers), timing=args.timing)
             fit = prof["calibration"]["fp8_from"]
             prev = fit["previous"]
             print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}: FP8 tiles x{fit['scale']:g}"
@@ -206,7 +208,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         prof = fit_profile(args.fit, base=args.base, name=args.name, policies=policies, min_tokens=args.min_tokens,
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
                            workers=args.workers, concurrency_path=args.gemm_concurrency, k_fixed_path=args.gemm_k,
-                           decision_traces=args.decision, piece_cost=args.piece_cost, **kw)
+                           decision_traces=args.decision, piece_cost=args.piece_cost, timing=args.timing, **kw)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof, indent=1))
     else:
@@ -233,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's optional jitter (default 0)")
     p.add_argument("--traces", action="store_true", help="write the simulated Chrome trace of each weave run")
     p.add_argument("--workers", type=int, default=1, help="simulate the results in this many processes")
+    p.add_argument("--timing", choices=("bench", "sustained"), default="bench",
+                   help="the measured times to compare with: bench (each call timed alone, the default) or sustained "
+                        "(the results' sustained_ms, from bench --sustained S: the clock a stream of layers holds)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for validate.json (default {DEFAULT_OUT})")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("timeline-stats", help="busy SM time by kind from Chrome traces (simulated or measured)")
@@ -291,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fp8: the factor on a tile's fixed cost (gemm.k_fixed) for FP8 tiles (default 1: it "
                         "does not speed up with the MMAs)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
+    p.add_argument("--timing", choices=("bench", "sustained"), default="bench",
+                   help="with --fit or --fp8: fit the benchmarks' bench timings (default) or their sustained ones "
+                        "(sustained_ms, from bench --sustained S)")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")
     p.add_argument("--workers", type=int, default=0,
                    help="with --fit: processes that simulate the points (default 0: one per CPU; the fit is the same)")

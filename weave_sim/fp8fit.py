@@ -73,12 +73,12 @@ def _key(v: ConfigValidation) -> tuple:
 class Fp8Data:
     """The FP8 benchmark files and their bf16 partners, simulated once in bf16 (the FP8 side per trial factor)."""
 
-    def __init__(self, pairs, profile: HardwareProfile, workers: int = 1):
+    def __init__(self, pairs, profile: HardwareProfile, workers: int = 1, timing: str = "bench"):
         self.profile, self.workers = profile, workers
         self.pairs = [(Path(b), Path(f)) for b, f in pairs]
         self.fp8_data, self.points = [], []
         for bf_path, f8_path in self.pairs:
-            bf, f8 = read_bench(bf_path), read_bench(f8_path)
+            bf, f8 = read_bench(bf_path, timing), read_bench(f8_path, timing)
             _check_dtype(bf_path, bf, False)
             _check_dtype(f8_path, f8, True)
             bf_rows = {_key(v): v for v in validate_file(bf_path, profile, workers=workers, data=bf)}
@@ -116,13 +116,14 @@ class Fp8Data:
 
 
 def fit_fp8_scale(pairs, profile: HardwareProfile, fixed_scale: float = DEFAULT_FIXED_SCALE,
-                  workers: int = 1) -> dict:
+                  workers: int = 1, timing: str = "bench") -> dict:
     """fp8_scale at which the median simulated FP8 gain equals the measured one (module docstring), with a tile's
     fixed cost at fixed_scale; the result with the fit's errors at that factor and at the profile's previous ones
-    ("previous"). fixed_scale is None in the result for a profile without gemm.k_fixed (nothing it applies to)."""
+    ("previous"). fixed_scale is None in the result for a profile without gemm.k_fixed (nothing it applies to).
+    timing: the pairs' times to compare, 'bench' or 'sustained' (validate.timed_as)."""
     if not fixed_scale > 0:
         raise ValueError(f"the FP8 fixed-cost factor must be > 0, got {fixed_scale}")
-    data = Fp8Data(pairs, profile, workers)
+    data = Fp8Data(pairs, profile, workers, timing)
     lo, hi = SCALE_RANGE
 
     def median_log(s):
@@ -150,7 +151,7 @@ def fit_fp8_scale(pairs, profile: HardwareProfile, fixed_scale: float = DEFAULT_
     if not profile.raw["gemm"].get("k_fixed"):  # no fixed cost in the profile: the factor applies to the whole tile
         fixed_scale = None
         before["fixed_scale"] = None
-    return {"scale": scale, "fixed_scale": fixed_scale, "points": len(gain), **_stats(gain, lat),
+    return {"scale": scale, "fixed_scale": fixed_scale, "timing": timing, "points": len(gain), **_stats(gain, lat),
             "previous": before, "pairs": [[str(b), str(f)] for b, f in data.pairs]}
 
 
@@ -163,11 +164,11 @@ def _stats(gain: list[float], lat: list[float]) -> dict:
 
 
 def amend_fp8(profile: str | Path, pairs, out_path: Path, name: str | None = None,
-              fixed_scale: float = DEFAULT_FIXED_SCALE, workers: int = 1) -> dict:
+              fixed_scale: float = DEFAULT_FIXED_SCALE, workers: int = 1, timing: str = "bench") -> dict:
     """An existing profile with gemm.fp8_scale and gemm.fp8_fixed_scale fitted to `pairs` (fit_fp8_scale), written
     to out_path; everything else unchanged (the bf16 model is not refitted). Its version gains "+fp8"."""
     src = load_profile(profile)
-    fit = fit_fp8_scale(pairs, src, fixed_scale, workers)
+    fit = fit_fp8_scale(pairs, src, fixed_scale, workers, timing)
     prof = json.loads(json.dumps(src.raw))
     prof["gemm"]["fp8_scale"] = fit["scale"]
     prof["gemm"].pop("fp8_fixed_scale", None)

@@ -128,3 +128,47 @@ def test_the_shipped_ep1_profiles_carry_fitted_fp8_factors():
         assert p.raw["gemm"]["fp8_scale"] == fit["scale"] and 1.0 < fit["scale"] < 2.0
         assert all((root / f).is_file() for pair in fit["pairs"] for f in pair)
         assert fit["worst_abs_gain_error"] <= 0.2
+
+
+def _with_sustained(path, factor: float):
+    """A simulated bench file given sustained_ms = latency_ms x factor and one sustained clock record per policy."""
+    d = json.loads(path.read_text())
+    for r in d["results"]:
+        r["sustained_ms"] = {p: t * factor for p, t in r["latency_ms"].items()}
+        r["sustained_gpu_state"] = {p: [[{"sm_mhz_median": 1500.0}], [{"sm_mhz_median": 1600.0}]]
+                                    for p in r["latency_ms"]}
+    path.write_text(json.dumps(d))
+    return path
+
+
+def test_sustained_timings_stand_in_for_the_bench_ones(tmp_path, capsys):
+    """validate.timed_as('sustained'): each result's sustained_ms becomes its latency, the passes' median clock its
+    gpu_state; weave-sim validate --timing sustained compares with those, and a file without them is refused.
+    The FP8 fit on sustained timings sees the gain those give (here 4% more than the bench timings')."""
+    from weave_sim.validate import read_bench, timed_as
+
+    base = _bare()
+    truth = _with(base, fp8_scale=1.6, fp8_fixed_scale=1.0)
+    kw = dict(policies=("static:8", "static:24"))
+    bf = _with_sustained(simulated_bench_file(tmp_path / "bf16.json", truth, 2048, 768, **kw), 1.04)
+    f8 = _with_sustained(simulated_bench_file(tmp_path / "fp8.json", truth, 2048, 768, expert_dtype="fp8", **kw), 1.0)
+    plain = json.loads(bf.read_text())
+    sus = read_bench(bf, "sustained")["results"][0]
+    assert sus["latency_ms"] == plain["results"][0]["sustained_ms"] and sus["gpu_state"] == [{"sm_mhz_median": 1550.0}]
+    assert timed_as(plain, "bench") is plain
+    with pytest.raises(ValueError, match="timing must be one of"):
+        timed_as(plain, "burst")
+    bare = simulated_bench_file(tmp_path / "bare.json", truth, 2048, 768, **kw)
+    with pytest.raises(ValueError, match="no sustained_ms"):
+        read_bench(bare, "sustained")
+    out = tmp_path / "v"
+    assert main(["validate", str(bf), "--profile", BASE, "--timing", "sustained", "--out", str(out)]) == 0
+    rows = json.loads((out / "validate.json").read_text())["configs"]
+    assert rows[0]["measured_ms"]["static:8"] == pytest.approx(1.04 * plain["results"][0]["latency_ms"]["static:8"])
+    bench_fit = fit_fp8_scale([(bf, f8)], base)
+    sus_fit = fit_fp8_scale([(bf, f8)], base, timing="sustained")
+    assert bench_fit["scale"] == pytest.approx(1.6, abs=0.01) and bench_fit["timing"] == "bench"
+    assert sus_fit["scale"] > bench_fit["scale"] + 0.05 and sus_fit["timing"] == "sustained"
+    capsys.readouterr()
+    assert main(["calibrate", str(bf), "--timing", "sustained", "-o", str(tmp_path / "p.json")]) == 2
+    assert "--timing applies to fits" in capsys.readouterr().err
