@@ -122,12 +122,17 @@ def test_the_shipped_ep1_profiles_carry_fitted_fp8_factors():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for name in ("h200-megakernel-power-ep1", "h200-megakernel-power-ep1-pad", "h200-megakernel-ep1"):
+    for name in ("h200-megakernel-power-ep1", "h200-megakernel-power-ep1-pad", "h200-megakernel-ep1",
+                 "h200-megakernel-power-ep1-sustained"):
         p = load_profile(name)
         fit = p.raw["calibration"]["fp8_from"]
         assert p.raw["gemm"]["fp8_scale"] == fit["scale"] and 1.0 < fit["scale"] < 2.0
         assert all((root / f).is_file() for pair in fit["pairs"] for f in pair)
         assert fit["worst_abs_gain_error"] <= 0.2
+    # the sustained profile: its GEMM rate fitted to sustained bf16 timings, its FP8 factor to sustained pairs
+    sus = load_profile("h200-megakernel-power-ep1-sustained").raw["calibration"]
+    assert sus["timing"] == "sustained" and sus["fp8_from"]["timing"] == "sustained"
+    assert (root / sus["fitted_to"]).is_file()
 
 
 def _with_sustained(path, factor: float):
