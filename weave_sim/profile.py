@@ -287,7 +287,7 @@ def table_profile(profile: HardwareProfile) -> HardwareProfile:
     base = gemm.pop("fp8_applied")
     gemm["per_sm_tflops_by_rows"] = base["per_sm_tflops_by_rows"]
     gemm["peak_tflops"] = base["peak_tflops"]
-    if base.get("k_fixed"):  # (profiles written before fixed_scale have no k_fixed here: theirs was not changed)
+    if base.get("k_fixed"):  # None for a profile without one (nothing was changed)
         gemm["k_fixed"] = base["k_fixed"]
     if raw.get("power"):
         raw["power"]["w_per_tflops"] = base["w_per_tflops"]
