@@ -18,6 +18,7 @@ from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
 from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
 from .report import format_table, write_json
+from .validate import TIMINGS
 from .workload import model_workloads
 
 
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's optional jitter (default 0)")
     p.add_argument("--traces", action="store_true", help="write the simulated Chrome trace of each weave run")
     p.add_argument("--workers", type=int, default=1, help="simulate the results in this many processes")
-    p.add_argument("--timing", choices=("bench", "sustained"), default="bench",
+    p.add_argument("--timing", choices=TIMINGS, default="bench",
                    help="the measured times to compare with: bench (each call timed alone, the default) or sustained "
                         "(the results' sustained_ms, from bench --sustained S: the clock a stream of layers holds)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for validate.json (default {DEFAULT_OUT})")
@@ -296,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fp8: the factor on a tile's fixed cost (gemm.k_fixed) for FP8 tiles (default 1: it "
                         "does not speed up with the MMAs)")
     p.add_argument("--min-tokens", type=int, default=0, help="with --fit: only configurations with this many tokens per GPU")
-    p.add_argument("--timing", choices=("bench", "sustained"), default="bench",
+    p.add_argument("--timing", choices=TIMINGS, default="bench",
                    help="with --fit or --fp8: fit the benchmarks' bench timings (default) or their sustained ones "
                         "(sustained_ms, from bench --sustained S)")
     p.add_argument("--policies", default=None, help="with --fit: comma-separated kernel policies to fit (default all)")

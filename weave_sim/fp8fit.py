@@ -67,7 +67,13 @@ def _check_dtype(path: Path, data: dict, fp8: bool) -> None:
 
 
 def _key(v: ConfigValidation) -> tuple:
+    """A configuration as validate names it: (label, tokens per GPU, GPUs)."""
     return (v.label, v.tokens_per_gpu, v.gpus)
+
+
+def _result_key(r: dict) -> tuple:
+    """_key of a benchmark result (before it is simulated)."""
+    return (config_label(r["model"], r.get("layer")), int(r["tokens_per_gpu"]), int(r["gpus"]))
 
 
 class Fp8Data:
@@ -84,7 +90,7 @@ class Fp8Data:
             bf_rows = {_key(v): v for v in validate_file(bf_path, profile, workers=workers, data=bf)}
             pts = []
             for r in bench_results(f8):
-                key = (config_label(r["model"], r.get("layer")), int(r["tokens_per_gpu"]), int(r["gpus"]))
+                key = _result_key(r)
                 v = bf_rows.get(key)
                 for pol, f8_ms in sorted(r["latency_ms"].items()):
                     if v is not None and pol in v.predicted_ms:
