@@ -14,8 +14,8 @@ routing, interleaved in one process (bf16, FP8, bf16 again: the drift): median o
 2 warm-up calls); the FP8 layer quantizes x itself, inside the kernel. A quick look, not the measure of FP8's gain:
 the FP8 calls run at the clock the bf16 calls before them left, which at the 700 W cap is lower than an FP8 layer
 holds on its own, so the gain comes out low (1.29x here against 1.38x with each format in its own `bench` process;
-docs/kernel.md, "The FP8 tile factor, measured in one harness"). --gpu-state logs the clock of each timing. Prints one line per check, a table last, exits 1 on
-any failure. Usage: python tests/kernel/fp8_worker.py [--bench] [--tokens 2048,4096,8192] [--reps 7]
+docs/kernel.md, "The FP8 tile factor, measured in one harness"). --gpu-state logs the clock of each timing. Prints one
+line per check, a table last, exits 1 on any failure. Usage: python tests/kernel/fp8_worker.py [--bench] [--tokens 2048,4096,8192] [--reps 7]
 """
 from __future__ import annotations
 
@@ -226,9 +226,9 @@ def quantize_chunked(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16):
 
 def bench(models: list[str], tokens: list[int], reps: int, gpu_state: bool = False) -> list[tuple]:
     """bf16, FP8, bf16 again per (model, tokens, policy), each the median of `reps` back-to-back calls. gpu_state:
-    also the median SM clock (MHz) nvidia-smi sampled while each was timed (weave_kernel.gpu_state; None where it
-    did not answer), logged beside the times: `bench`'s FP8 layers ran faster than these (docs/kernel.md, "SwiGLU by
-    tanh.approx"), and the clock says whether the power cap is why."""
+    also the median SM clock (MHz) nvidia-smi sampled while each was timed (weave_kernel.gpu_state, every 100 ms:
+    a timing shorter than that gets the nearest sample; None where it did not answer), logged beside the times
+    (docs/kernel.md, "The FP8 tile factor, measured in one harness")."""
     dev = torch.device("cuda", torch.cuda.current_device())
     sampler = GpuStateSampler.for_device(dev) if gpu_state else None
 
@@ -238,6 +238,14 @@ def bench(models: list[str], tokens: list[int], reps: int, gpu_state: bool = Fal
         s = sampler.summary(t0, time.time()) if sampler is not None else None
         return ms, (s["sm_mhz_median"] if s else None)
 
+    try:
+        return _bench_rows(models, tokens, dev, clocked)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+
+def _bench_rows(models: list[str], tokens: list[int], dev, clocked) -> list[tuple]:
     rows = []
     for name in models:
         m = get_model(name)
@@ -263,8 +271,6 @@ def bench(models: list[str], tokens: list[int], reps: int, gpu_state: bool = Fal
             l8.raise_if_error()
         del lb, l8, w13b, w2b, w13, w2
         torch.cuda.empty_cache()
-    if sampler is not None:
-        sampler.stop()
     return rows
 
 
