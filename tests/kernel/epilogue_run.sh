@@ -8,7 +8,7 @@
 set -o pipefail
 source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/epilogue; mkdir -p $R
-export WEAVE_KERNEL_CSRC=$(realpath ${EPI_CSRC:-tests/kernel/_ab_old_csrc}) TORCH_EXTENSIONS_DIR=/tmp/weave_ext_epi
+export WEAVE_KERNEL_CSRC=$(realpath ${EPI_CSRC:-tests/kernel/_ab_old_csrc}) TORCH_EXTENSIONS_DIR=${EPI_EXT_DIR:-/tmp/weave_ext_epi}
 grep -c EXPERIMENT $WEAVE_KERNEL_CSRC/*.cuh | tr '\n' ' '; echo
 python3 -c "from weave_kernel.build import load_extension; load_extension(False)" > $R/build.log 2>&1 || { echo build failed; tail -20 $R/build.log; }
 B="torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state"

@@ -6,7 +6,7 @@ tests/kernel/epilogue_timing.patch (the patch adds, per tile, a 'wait' record wi
     mkdir -p DIR && cp weave_kernel/csrc/* DIR && patch -d DIR -p3 < tests/kernel/epilogue_timing.patch; export WEAVE_KERNEL_CSRC=$PWD/DIR
     torchrun --nproc_per_node=1 -m weave_kernel.bench --models qwen3-30b-a3b --tokens 4096 --comm 20 --weave-comm= \
         --no-sequential --repeats 2 --trace t.json --trace-policy weave
-    python tests/kernel/epilogue_stats.py t.json [t2.json ...]
+    python tests/kernel/epilogue_stats.py [--by-next-tile] t.json [t2.json ...]
 """
 from __future__ import annotations
 
@@ -53,10 +53,38 @@ def epilogue_stats(path: str) -> dict:
     return out
 
 
+def steps_by_next_tile(path: str, near_us: float = 1.0) -> dict:
+    """The step records again, split by what the same CTA does next: 'next' when its next tile starts within
+    `near_us` of this one's end (its producer was loading that tile's stages during this epilogue), 'last' when no
+    tile follows in the trace, 'later' otherwise. {(kind, step, class): median us, ...}. docs/kernel.md "A GEMM1 tile's
+    stores" used it to see how much of the store time the producer's concurrent loads take."""
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    per_cta = defaultdict(list)
+    for e in events:
+        per_cta[(e["pid"], e["tid"])].append(e)
+    out = defaultdict(list)
+    for evs in per_cta.values():
+        tiles = sorted((e for e in evs if e["name"] in KIND.values()), key=lambda e: e["ts"])
+        for e in evs:
+            rb = e.get("args", {}).get("row_block")
+            if e["name"] != "wait" or rb is None or (-rb) // 10 not in STEPS or (-rb) % 10 not in KIND:
+                continue
+            i = next((i for i, t in enumerate(tiles) if t["ts"] <= e["ts"] <= t["ts"] + t["dur"] + 1e-3), None)
+            if i is None:
+                continue
+            end = tiles[i]["ts"] + tiles[i]["dur"]
+            cls = "last" if i + 1 == len(tiles) else "next" if tiles[i + 1]["ts"] - end < near_us else "later"
+            out[(KIND[(-rb) % 10], STEPS[(-rb) // 10], cls)].append(e["dur"])
+    return {k: statistics.median(v) for k, v in sorted(out.items())} | {
+        ("n",) + k: len(v) for k, v in sorted(out.items())}
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
+    by_next = "--by-next-tile" in argv
+    argv = [a for a in argv if a != "--by-next-tile"]
     for path in argv:
         s = epilogue_stats(path)
         print(f"{path}: span {s['span_us']:.0f} us, epilogues {s['epilogue_share_of_sm_time']:.1%} of SM time")
@@ -69,6 +97,11 @@ def main(argv: list[str]) -> int:
                          if v["warpgroup_skew_median_us"] is not None else ""))
                 if v["steps_median_us"]:
                     print("    steps (median us): " + ", ".join(f"{st} {us:.2f}" for st, us in v["steps_median_us"].items()))
+        if by_next:  # the steps split by what the CTA does next (steps_by_next_tile)
+            split = steps_by_next_tile(path)
+            for key, us in split.items():
+                if key[0] != "n":
+                    print(f"    {key[0]} {key[1]}, {key[2]}: median {us:.2f} us over {split[('n',) + key]} tiles")
     return 0
 
 

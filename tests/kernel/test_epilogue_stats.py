@@ -74,3 +74,21 @@ def test_timing_patches_apply_to_the_sources(tmp_path, name):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "EXPERIMENT" in (dst / "tasks.cuh").read_text()
+
+
+def test_steps_by_next_tile(tmp_path, kernel_script):
+    """Each step record is classed by what its CTA does next: a tile within 1 us ('next'), a later one ('later'),
+    none ('last'); records outside every tile are left out."""
+    mod = kernel_script("epilogue_stats")
+    ev = [_ev("gemm1", 0, 10, 0, 1), _ev("wait", 5, 1.5, 0, -43),      # next tile starts 0.5 us after this one
+          _ev("gemm1", 10.5, 10, 0, 2), _ev("wait", 16, 2.0, 0, -43),  # next tile starts 9.5 us later
+          _ev("gemm1", 30, 10, 0, 3), _ev("wait", 35, 1.0, 0, -43),    # last
+          _ev("wait", 45, 9.0, 0, -43),                                # in no tile
+          _ev("gemm1", 0, 10, 1, 1), _ev("wait", 4, 0.5, 1, -93)]      # another CTA: last
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    s = mod.steps_by_next_tile(str(p))
+    assert s[("gemm1", "stores", "next")] == 1.5 and s[("gemm1", "stores", "later")] == 2.0
+    assert s[("gemm1", "stores", "last")] == 1.0 and s[("gemm1", "stores 2", "last")] == 0.5
+    assert s[("n", "gemm1", "stores", "last")] == 1
+    assert mod.main(["--by-next-tile", str(p)]) == 0
