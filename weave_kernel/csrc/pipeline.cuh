@@ -125,22 +125,34 @@ __device__ __forceinline__ void store_staged(const uint8_t* staging, int num_row
 }
 
 // Consumers: a plain (no activation) tile's 256 output columns c0 .. c0 + 255 to global memory, staged in two
-// 128-column passes; dst(m, c) is the address of row m's column c, and columns >= limit do not exist (N).
-// Ends with a consumer barrier (the staging is free again).
+// 128-column passes; dst(m, c) is the address of row m's column c (dst(m, 0) + c), and columns >= limit do not exist
+// (N). Ends with a consumer barrier (the staging is free again).
+// Each row's address is computed once per tile, by one thread per row, into the stage past the staged block; the
+// store loop then reads it from shared memory. Computed in the loop, the combine's scatter address (the peer's base
+// from the global peer_base array, indexed by the row's source rank) was a dependent global load ahead of every
+// 16-byte store, and the stores of a 32 KB half took about 1.5 us against 1.0 for GEMM0's (docs/kernel.md,
+// "A GEMM1 tile's stores").
 template <typename Dst>
 __device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* staging, int num_rows, int c0, int limit,
                                                  Dst dst) {
+  using Row = decltype(dst(0, 0));
+  static_assert(Config::kSmemStaging % alignof(Row) == 0 &&
+                    Config::kSmemStaging + Config::kBlockM * sizeof(Row) <= Config::kSmemStage,
+                "the row addresses fit the staging stage past the staged block");
+  Row* row_dst = reinterpret_cast<Row*>(staging + Config::kSmemStaging);
+  const int ct = threadIdx.x - Config::kProducerThreads;
+  if (ct < num_rows) row_dst[ct] = dst(ct, 0);  // num_rows <= kBlockM <= kConsumerThreads; the next barrier orders it
   TileOut out;
   pack_plain(acc, out);
   stage_pairs<0>(out, staging);
   named_sync(kBarConsumers, Config::kConsumerThreads);
-  store_staged(staging, num_rows, min(Config::kStageCols, limit - c0), [&](int m) { return dst(m, c0); });
+  store_staged(staging, num_rows, min(Config::kStageCols, limit - c0), [&](int m) { return row_dst[m] + c0; });
   named_sync(kBarConsumers, Config::kConsumerThreads);
   const int c1 = c0 + Config::kStageCols;
   if (c1 < limit) {
     stage_pairs<32>(out, staging);
     named_sync(kBarConsumers, Config::kConsumerThreads);
-    store_staged(staging, num_rows, min(Config::kStageCols, limit - c1), [&](int m) { return dst(m, c1); });
+    store_staged(staging, num_rows, min(Config::kStageCols, limit - c1), [&](int m) { return row_dst[m] + c1; });
     named_sync(kBarConsumers, Config::kConsumerThreads);
   }
 }
