@@ -50,50 +50,62 @@ __device__ __forceinline__ void tl_wait(const Params& p, SharedLayout& s, uint64
 __device__ __forceinline__ uint64_t tl_now(const Params& p) { return p.timeline ? globaltimer_ns() : 0; }
 
 // ---- row copies (16-byte accesses, kCopyUnroll loads in flight per thread) -------------------------------
-// Copies num_rows rows of row_chunks 16-byte chunks from src_row(m) to dst_row(m).
+// Copies num_rows rows of row_chunks 16-byte chunks from src_row(m) to dst_row(m). Thread t copies chunks t,
+// t + kThreads, ... of the rows laid end to end; its (row, chunk) position is carried from one to the next (kThreads
+// is dm rows and dc chunks: at most one wrap per step) rather than divided out of the flat index. Two divisions by
+// the run-time row length per 16 bytes, one for the load and one for the store, were most of the loop's
+// instructions (docs/kernel.md, "Dispatch without a division per chunk").
 template <typename SrcRow, typename DstRow>
 __device__ __forceinline__ void copy_rows(int num_rows, int row_chunks, SrcRow src_row, DstRow dst_row) {
-  const int total = num_rows * row_chunks;
   constexpr int U = Config::kCopyUnroll;
-  for (int base = threadIdx.x; base < total; base += Config::kThreads * U) {
+  const int dm = Config::kThreads / row_chunks, dc = Config::kThreads % row_chunks;
+  int m = threadIdx.x / row_chunks, c = threadIdx.x % row_chunks;
+  while (m < num_rows) {
     int4 v[U];
+    int mu[U], cu[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int idx = base + u * Config::kThreads;
-      if (idx < total) v[u] = __ldcg(src_row(idx / row_chunks) + idx % row_chunks);
+      mu[u] = m;
+      cu[u] = c;
+      if (m < num_rows) v[u] = __ldcg(src_row(m) + c);
+      m += dm;
+      c += dc;
+      if (c >= row_chunks) {
+        c -= row_chunks;
+        ++m;
+      }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int idx = base + u * Config::kThreads;
-      if (idx < total) dst_row(idx / row_chunks)[idx % row_chunks] = v[u];
-    }
+    for (int u = 0; u < U; ++u)
+      if (mu[u] < num_rows) dst_row(mu[u])[cu[u]] = v[u];
   }
 }
 
 // ---- dispatch: push one row piece of this rank's tokens into the owner's receive buffer -----------------
 // The piece lies inside one of the owner's row blocks; its flag is (row block, source) = (row0 / BM, rank).
-// pair: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile). With p.dispatch_bulk the rows go
+// tok: kBlockM ints of shared scratch (a tile slot's; no GEMM runs meanwhile), the rows' source tokens (pair id / k,
+// divided once per row, not per chunk). With p.dispatch_bulk the rows go
 // by bulk copies through the operand stages at `smem` (bulk_copy.cuh); false if one never landed.
-__device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s, uint8_t* smem, int* pair,
+__device__ __forceinline__ bool dispatch_block(const Params& p, SharedLayout& s, uint8_t* smem, int* tok,
                                                const RowBlock& b) {
   const int H = p.hidden;
   int32_t* meta = sym<int32_t>(p, b.dst, p.off_recv_meta);
   if (threadIdx.x < b.num_rows) {
     const int id = __ldcg(p.sorted_pair + s.ebase[b.expert] + b.slot0 + threadIdx.x);
-    pair[threadIdx.x] = id;
+    tok[threadIdx.x] = id / p.top_k;
     meta[b.row0 + threadIdx.x] = id;
   }
   __syncthreads();
   const int4* x = reinterpret_cast<const int4*>(p.fp8 ? p.x_q : p.x);
   int4* recv = sym<int4>(p, b.dst, p.off_recv_x);
   const int row_chunks = p.fp8 ? H / 16 : H / 8;  // e4m3 rows: H bytes (and their scales, below)
-  auto src_row = [&](int m) { return x + static_cast<int64_t>(pair[m] / p.top_k) * row_chunks; };
+  auto src_row = [&](int m) { return x + static_cast<int64_t>(tok[m]) * row_chunks; };
   auto dst_row = [&](int m) { return recv + static_cast<int64_t>(b.row0 + m) * row_chunks; };
   if (p.fp8) {  // the rows' scales, H / 128 floats each, by the threads (also before bulk copies of the rows)
     const int ns = H / 128, st = fp8_scale_stride(H);
     float* rs = sym<float>(p, b.dst, p.off_recv_xs) + static_cast<int64_t>(b.row0) * st;
     for (int i = threadIdx.x; i < b.num_rows * ns; i += Config::kThreads)
-      rs[(i / ns) * st + i % ns] = __ldcg(p.x_scale + static_cast<int64_t>(pair[i / ns] / p.top_k) * st + i % ns);
+      rs[(i / ns) * st + i % ns] = __ldcg(p.x_scale + static_cast<int64_t>(tok[i / ns]) * st + i % ns);
   }
   if (p.dispatch_bulk) {
     // rows of 16 * row_chunks bytes (bf16: 2H, e4m3: H); ends with a CTA barrier, after which thread 0's fence
@@ -414,10 +426,15 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
   const int64_t total = static_cast<int64_t>(p.num_tokens) * row_chunks;
   const int4* comb = sym<const int4>(p, p.rank, p.off_comb);
   int4* y = reinterpret_cast<int4*>(p.y);
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * Config::kThreads + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(p.num_ctas) * Config::kThreads) {
-    const int64_t t = idx / row_chunks;
-    const int c = static_cast<int>(idx % row_chunks);
+  // element idx = t * row_chunks + c, strided by the grid; (t, c) carried from one to the next as in copy_rows
+  // (a 64-bit division per element otherwise)
+  const int64_t stride = static_cast<int64_t>(p.num_ctas) * Config::kThreads;
+  const int64_t dt = stride / row_chunks;
+  const int dc = static_cast<int>(stride % row_chunks);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * Config::kThreads + threadIdx.x;
+  int64_t t = first / row_chunks;
+  int c = static_cast<int>(first % row_chunks);
+  for (int64_t idx = first; idx < total; idx += stride) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     // up to 8 of the k rows in flight per thread (the loads are independent; one at a time left the
     // reduction at about half of HBM bandwidth)
@@ -457,6 +474,12 @@ __device__ __forceinline__ bool reduce_phase(const Params& p, SharedLayout& s, u
 #pragma unroll
     for (int q = 0; q < 4; ++q) o2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
     y[idx] = o;
+    t += dt;
+    c += dc;
+    if (c >= row_chunks) {
+      c -= row_chunks;
+      ++t;
+    }
   }
   tl_record(p, s, t1, role, kTaskReduce, -1, -1);
   return true;
