@@ -9,6 +9,7 @@ set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weave_ext} MAX_JOBS=16 PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=4
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the scripts in tests/kernel import weave_kernel from the tree
 STAGES=${1:-build,test2,test1,probe,bench}
 # ranks for test2 and bench: every GPU of the machine (at most 8), or $NPROC
 NPROC=${NPROC:-$(n=$(nvidia-smi -L 2>/dev/null | wc -l); (( n > 8 )) && n=8; (( n < 1 )) && n=1; echo $n)}
