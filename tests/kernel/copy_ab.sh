@@ -9,12 +9,7 @@ set -o pipefail
 source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/copy_ab; mkdir -p $R
 OLD=$PWD/tests/kernel/_ab_old_csrc
-[ -d "$OLD" ] || { echo "no old sources in $OLD"; exit 2; }
-for s in $(python3 -c "from weave_kernel.build import SOURCES; print(*SOURCES)"); do [ -f $OLD/$s ] || : > $OLD/$s; done
-( MAX_JOBS=8 timeout 300 python3 -c "from weave_kernel.build import load_extension; load_extension(False, csrc='$OLD')" \
-  > $R/build_old.log 2>&1; echo "old build rc $? [${SECONDS}s]" >> $R/build_old.log ) &
-bash tests/kernel/device_run.sh build 2>&1 | tail -2
-python3 -c "import weave_kernel.build as b; print('new', b.sources_digest(), 'old', b.sources_digest('$OLD'))" | tee $R/csrc.txt
+build_new_and_old $R $OLD || exit 2  # device_env.sh
 timeout 200 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $R/gpu_worker_quick.log 2>&1
 echo "gpu_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|AGREEMENT" $R/gpu_worker_quick.log | head -5
 timeout 200 python3 tests/kernel/virtual_worker.py --quick --worlds 2,3,4 > $R/virtual_quick.log 2>&1

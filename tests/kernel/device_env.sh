@@ -1,6 +1,19 @@
-# Sourced by the one-call device scripts (fp8_run.sh, fp8_gaps_run.sh, fp8_bulk_run.sh): the carried wheels (.whl:
+# Sourced by the one-call device scripts (fp8_run.sh, ab_dtypes.sh, copy_ab.sh, ...): the carried wheels (.whl:
 # simpy, nvidia-cutlass) into /tmp/site, the environment every stage needs, and has(), true when $STAGES lists $1.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
+# An A/B's two kernels: the old sources in $2 (an ignored folder carried to the device, e.g. tests/kernel/_ab_old_csrc)
+# built in the background into their own module, the working tree's in the foreground; both fingerprints into
+# $1/csrc.txt. Call `wait` before the old one is used. Returns 2 if $2 is missing.
+build_new_and_old() {
+  local R=$1 OLD=$2
+  [ -d "$OLD" ] || { echo "no old sources in $OLD"; return 2; }
+  for s in $(python3 -c "from weave_kernel.build import SOURCES; print(*SOURCES)"); do [ -f $OLD/$s ] || : > $OLD/$s; done
+  ( MAX_JOBS=8 timeout 300 python3 -c "from weave_kernel.build import load_extension; load_extension(False, csrc='$OLD')" \
+    > $R/build_old.log 2>&1; echo "old build rc $? [${SECONDS}s]" >> $R/build_old.log ) &
+  bash tests/kernel/device_run.sh build 2>&1 | tail -2
+  python3 -c "import weave_kernel.build as b; print('new', b.sources_digest(), 'old', b.sources_digest('$OLD'))" | tee $R/csrc.txt
+  return 0
+}
