@@ -23,6 +23,14 @@ KIND = {2: "gemm0", 3: "gemm1"}
 STEPS = {3: "staging", 4: "stores", 5: "fence", 6: "signal", 7: "staging again", 8: "staging 2", 9: "stores 2"}
 
 
+def _step(e: dict):
+    """(kind, step) of a step record of the stamping patches, else None."""
+    rb = e.get("args", {}).get("row_block")
+    if e["name"] == "wait" and rb is not None and (-rb) // 10 in STEPS and (-rb) % 10 in KIND:
+        return KIND[(-rb) % 10], STEPS[(-rb) // 10]
+    return None
+
+
 def epilogue_stats(path: str) -> dict:
     doc = json.load(open(path))
     if not isinstance(doc, dict) or "traceEvents" not in doc:
@@ -33,8 +41,9 @@ def epilogue_stats(path: str) -> dict:
     steps = defaultdict(list)  # (kind, step): the finer records of a copy that stamps the epilogue's steps
     for e in spans:
         rb = e.get("args", {}).get("row_block")
-        if e["name"] == "wait" and rb is not None and (-rb) // 10 in STEPS and (-rb) % 10 in KIND:
-            steps[(KIND[(-rb) % 10], STEPS[(-rb) // 10])].append(e["dur"])
+        step = _step(e)
+        if step is not None:
+            steps[step].append(e["dur"])
         if e["name"] in KIND.values():
             tiles[e["name"]].append(e["dur"])
         elif e["name"] == "wait" and rb is not None and -7 - 3 <= rb <= -7 - 2:
@@ -56,8 +65,9 @@ def epilogue_stats(path: str) -> dict:
 def steps_by_next_tile(path: str, near_us: float = 1.0) -> dict:
     """The step records again, split by what the same CTA does next: 'next' when its next tile starts within
     `near_us` of this one's end (its producer was loading that tile's stages during this epilogue), 'last' when no
-    tile follows in the trace, 'later' otherwise. {(kind, step, class): median us, ...}. docs/kernel.md "A GEMM1 tile's
-    stores" used it to see how much of the store time the producer's concurrent loads take."""
+    tile follows in the trace, 'later' otherwise. {(kind, step, class): (median us, records), ...}. docs/kernel.md "GEMM1
+    row addresses computed once per tile" used it to see how much of the store time the producer's concurrent loads
+    take."""
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     per_cta = defaultdict(list)
     for e in events:
@@ -66,17 +76,16 @@ def steps_by_next_tile(path: str, near_us: float = 1.0) -> dict:
     for evs in per_cta.values():
         tiles = sorted((e for e in evs if e["name"] in KIND.values()), key=lambda e: e["ts"])
         for e in evs:
-            rb = e.get("args", {}).get("row_block")
-            if e["name"] != "wait" or rb is None or (-rb) // 10 not in STEPS or (-rb) % 10 not in KIND:
+            step = _step(e)
+            if step is None:
                 continue
             i = next((i for i, t in enumerate(tiles) if t["ts"] <= e["ts"] <= t["ts"] + t["dur"] + 1e-3), None)
             if i is None:
                 continue
             end = tiles[i]["ts"] + tiles[i]["dur"]
             cls = "last" if i + 1 == len(tiles) else "next" if tiles[i + 1]["ts"] - end < near_us else "later"
-            out[(KIND[(-rb) % 10], STEPS[(-rb) // 10], cls)].append(e["dur"])
-    return {k: statistics.median(v) for k, v in sorted(out.items())} | {
-        ("n",) + k: len(v) for k, v in sorted(out.items())}
+            out[step + (cls,)].append(e["dur"])
+    return {k: (statistics.median(v), len(v)) for k, v in sorted(out.items())}
 
 
 def main(argv: list[str]) -> int:
@@ -98,10 +107,8 @@ def main(argv: list[str]) -> int:
                 if v["steps_median_us"]:
                     print("    steps (median us): " + ", ".join(f"{st} {us:.2f}" for st, us in v["steps_median_us"].items()))
         if by_next:  # the steps split by what the CTA does next (steps_by_next_tile)
-            split = steps_by_next_tile(path)
-            for key, us in split.items():
-                if key[0] != "n":
-                    print(f"    {key[0]} {key[1]}, {key[2]}: median {us:.2f} us over {split[('n',) + key]} tiles")
+            for (kind, step, cls), (us, n) in steps_by_next_tile(path).items():
+                print(f"    {kind} {step}, {cls}: median {us:.2f} us over {n} tiles")
     return 0
 
 

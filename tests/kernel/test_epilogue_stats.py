@@ -88,7 +88,7 @@ def test_steps_by_next_tile(tmp_path, kernel_script):
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": ev}))
     s = mod.steps_by_next_tile(str(p))
-    assert s[("gemm1", "stores", "next")] == 1.5 and s[("gemm1", "stores", "later")] == 2.0
-    assert s[("gemm1", "stores", "last")] == 1.0 and s[("gemm1", "stores 2", "last")] == 0.5
-    assert s[("n", "gemm1", "stores", "last")] == 1
+    assert s[("gemm1", "stores", "next")] == (1.5, 1) and s[("gemm1", "stores", "later")] == (2.0, 1)
+    assert s[("gemm1", "stores", "last")] == (1.0, 1) and s[("gemm1", "stores 2", "last")] == (0.5, 1)
+    assert len(s) == 4
     assert mod.main(["--by-next-tile", str(p)]) == 0
