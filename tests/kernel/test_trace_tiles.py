@@ -17,6 +17,18 @@ def test_trace_tiles_rates(tmp_path, kernel_script):
     assert set(got) == {"gemm0", "gemm1"}  # waits are not tiles
 
 
+def test_trace_tiles_by_previous_tile(tmp_path, kernel_script):
+    """Consecutive tiles of one track (pid, tid), in time order whatever the file's order; tracks kept apart."""
+    ev = lambda name, ts, dur, tid: {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+    events = [ev("gemm1", 30, 7.0, 1), ev("gemm0", 0, 20.0, 1), ev("wait", 25, 1.0, 1), ev("gemm1", 21, 9.0, 1)]
+    events += [ev("gemm1", 0, 5.0, 2), ev("gemm1", 6, 6.0, 2), ev("gemm0", 100, 50.0, 3)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    got = kernel_script("trace_tiles").tiles_after(str(path))
+    # track 1: gemm0 -> gemm1 (9) -> gemm1 (7); track 2: gemm1 -> gemm1 (6); track 3 has no pair
+    assert got == {("gemm0", "gemm1"): (1, 9.0), ("gemm1", "gemm1"): (2, 6.5)}
+
+
 def test_trace_vs_sim_tiles_on_a_committed_measurement(tmp_path, capsys, kernel_script):
     """trace_vs_sim_tiles.py on one of the committed EP=1 traces: the measured medians are the trace's, the
     simulated ones come from the bench file's counts, and with the power-model profile (gemm.k_fixed) each kind's
