@@ -14,6 +14,7 @@
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_EXTENSIONS_DIR=/tmp/weave_ext
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # python3 tests/kernel/*.py import weave_kernel from the tree
 R=/tmp/results; mkdir -p $R; REAL_OUT=$OUT
 TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
 # ranks: every GPU of the machine (at most 8), or $NPROC; the tests' "test2" stage uses the same count
