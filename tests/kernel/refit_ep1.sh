@@ -2,8 +2,9 @@
 # CPU side of tests/kernel/ep1_refit_run.sh: the shipped EP=1 profiles refitted to a new kernel's runs with their
 # shipped commands (docs/results.md "Since these runs: a faster kernel, EP=1 only"; the fits' logs in
 # docs/results/decision/fit_ep1.log), the new calibration standing in for the older tile-by-K and concurrency files,
-# the new traces for the choice's cost; then the FP8 tile factor amended from the same FP8 pairs as before
-# (docs/results/fp8_harness/fit_*.txt), and every held-out run validated with the shipped and the refitted profiles.
+# the new traces for the choice's cost; then the FP8 tile factor amended from the FP8 pairs of before
+# (docs/results/fp8_harness/fit_*.txt) and e47fbc11's (final_run.sh F8 / F8BF), and every held-out run validated
+# with the shipped and the refitted profiles.
 # Usage: bash tests/kernel/refit_ep1.sh DIR TAG   (DIR: the unpacked ep1_refit_TAG folder)
 # Writes DIR/refit/{h200-megakernel-ep1,h200-megakernel-power-ep1}.json, fit logs, validate_*.txt and summary.txt.
 # The two fits run side by side (one worker each): about 20-40 min on the 2-core machine.
@@ -17,7 +18,8 @@ TRACES=($DIR/traces_$TAG.tgz)  # the traced calls, archived (weave-sim calibrate
 FP8_PAIRS=(docs/results/fp8_harness/bench_bf16.json:docs/results/fp8_harness/bench_fp8.json
   docs/results/swiglu_tanh/ab/bench_ab_bf16.json:docs/results/swiglu_tanh/ab/bench_ab_fp8.json
   docs/results/swiglu_tanh/ab_prefill/bench_ab_bf16.json:docs/results/swiglu_tanh/ab_prefill/bench_ab_fp8.json
-  docs/results/swiglu_tanh/decode/decode_bf16.json:docs/results/swiglu_tanh/decode/decode_fp8.json)
+  docs/results/swiglu_tanh/decode/decode_bf16.json:docs/results/swiglu_tanh/decode/decode_fp8.json
+  docs/results/fp8/e47/bench_F8bf_1xh200_e47.json:docs/results/fp8/e47/bench_F8_1xh200_e47.json)  # e47fbc11's own pair
 fit() {  # name, then the fit's own arguments
   local name=$1; shift
   weave-sim calibrate --fit $FIT "$@" --decision "${TRACES[@]}" --name $name --workers 1 -o $O/$name.json
