@@ -8,12 +8,7 @@ source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/ab_dtypes; mkdir -p $R
 OLD=$PWD/tests/kernel/_ab_old_csrc
 build_new_and_old $R $OLD || exit 2  # device_env.sh
-timeout 240 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $R/gpu_worker_quick.log 2>&1
-echo "gpu_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|agree" $R/gpu_worker_quick.log | head -5
-timeout 200 python3 tests/kernel/fp8_worker.py > $R/fp8_worker.log 2>&1
-echo "fp8_worker rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fp8_worker.log | head -5
-timeout 200 python3 tests/kernel/virtual_worker.py --quick --worlds 2,4 > $R/virtual_quick.log 2>&1
-echo "virtual_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|agree" $R/virtual_quick.log | head -5
+quick_tests $R 2,4  # device_env.sh
 wait; tail -1 $R/build_old.log
 for dt in ${AB_DTYPES:-fp8 bf16}; do
   timeout ${AB_TIMEOUT:-150} torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state --out $R/bench_ab_$dt.json \

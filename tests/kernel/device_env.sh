@@ -17,3 +17,14 @@ build_new_and_old() {
   python3 -c "import weave_kernel.build as b; print('new', b.sources_digest(), 'old', b.sources_digest('$OLD'))" | tee $R/csrc.txt
   return 0
 }
+# The quick correctness set on the working tree's kernel: gpu_worker --quick (one rank), virtual_worker --quick on the
+# world sizes $2 (default 2,3,4) and fp8_worker; logs in $1, and a line each with the summary.
+quick_tests() {
+  local R=$1 W=${2:-2,3,4}
+  timeout 200 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $R/gpu_worker_quick.log 2>&1
+  echo "gpu_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|AGREEMENT" $R/gpu_worker_quick.log | head -5
+  timeout 200 python3 tests/kernel/virtual_worker.py --quick --worlds $W > $R/virtual_quick.log 2>&1
+  echo "virtual_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|AGREEMENT" $R/virtual_quick.log | head -5
+  timeout 150 python3 tests/kernel/fp8_worker.py > $R/fp8_worker.log 2>&1
+  echo "fp8_worker rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fp8_worker.log | head -5
+}

@@ -13,12 +13,7 @@ OLD=$PWD/tests/kernel/_ab_old_csrc
 END=${END_S:-570}
 left() { local r=$((END - SECONDS)); echo $(( r < 5 ? 5 : r )); }
 build_new_and_old $R $OLD || exit 2  # device_env.sh
-timeout 150 torchrun --nproc_per_node=1 tests/kernel/gpu_worker.py --quick > $R/gpu_worker_quick.log 2>&1
-echo "gpu_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|AGREEMENT" $R/gpu_worker_quick.log | head -5
-timeout 150 python3 tests/kernel/virtual_worker.py --quick --worlds 2,3,4 > $R/virtual_quick.log 2>&1
-echo "virtual_worker --quick rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY|AGREEMENT" $R/virtual_quick.log | head -5
-timeout 150 python3 tests/kernel/fp8_worker.py > $R/fp8_worker.log 2>&1
-echo "fp8_worker rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fp8_worker.log | head -5
+quick_tests $R  # device_env.sh
 if [ "${AB_MEMCHECK:-1}" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all torchrun --nproc_per_node=1 \
     tests/kernel/gpu_worker.py --sanitize > $R/memcheck.log 2>&1
