@@ -93,8 +93,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="expert -> rank map: contiguous (default), or balanced per configuration from that "
                          "configuration's routing over all ranks (weave_sim.placement.balanced; the layer's tables "
                          "are rewritten with MoEMegakernel.set_placement, the reference uses the same map)")
-    ap.add_argument("--order", choices=("interleaved", "policy"), default="interleaved",
-                    help="interleave the policies' repetitions (default) or time one policy after the other")
+    ap.add_argument("--order", choices=("interleaved", "alternating", "policy"), default="interleaved",
+                    help="interleave the policies' repetitions (default), interleave them forward and backward in "
+                         "turn (each policy's place in a round evened out; repetitions rounded up to even), or "
+                         "time one policy after the other")
     ap.add_argument("--sustained", type=float, default=0.0,
                     help="also time every policy back to back for about this many seconds after 0.5 s idle (the "
                          "clock a power-capped GPU holds under a stream of layers; docs/power.md): sustained_ms")
@@ -135,8 +137,9 @@ def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
 
 def time_policies(fns: dict, args) -> dict:
     """{name: median ms on this rank} for every function of one configuration, in args.order."""
-    if args.order == "interleaved":
-        return interleaved_time_ms(fns, args.warmup, args.repeats, args.calls_per_rep, before=sync_ranks)
+    if args.order in ("interleaved", "alternating"):
+        return interleaved_time_ms(fns, args.warmup, args.repeats, args.calls_per_rep, before=sync_ranks,
+                                   alternate=args.order == "alternating")
     return {name: time_call(fn, args.warmup, args.repeats, args.calls_per_rep) for name, fn in fns.items()}
 
 

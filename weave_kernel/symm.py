@@ -57,18 +57,28 @@ def cuda_time_ms(fn, warmup: int, repeats: int, calls: int = 1, before=None) -> 
     return statistics.median(times)
 
 
-def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, before=None) -> dict:
+def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, before=None,
+                        alternate: bool = False) -> dict:
     """cuda_time_ms for several functions at once, their repetitions interleaved: `warmup` untimed calls of
     each, then `repeats` rounds, each timing every function once (one untimed call, then `calls` back-to-back
-    calls). Any drift of the GPU over the rounds (clocks, temperature) reaches every function alike, so the
-    ratios between them do not depend on the order they were measured in. Returns {name: median ms}."""
+    calls). Any drift of the GPU over the rounds (clocks, temperature) reaches every function alike. Returns
+    {name: median ms}.
+    Within a round the order is fixed, so a function's place in it is not: on a GPU at its power cap the
+    functions timed later in a round run after more of the round's load. With `alternate` the rounds go forward
+    and backward in turn (`repeats` rounded up to even), and each function's figure is the median over round
+    pairs of its mean in the pair, so a bias that grows along the round cancels within each pair."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    names = list(fns)
+    rounds = repeats + (repeats % 2) if alternate else repeats
     times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(cuda_time_ms(fn, 1, 1, calls, before=before))
+    for r in range(rounds):
+        for name in (names[::-1] if alternate and r % 2 else names):
+            times[name].append(cuda_time_ms(fns[name], 1, 1, calls, before=before))
+    if alternate:
+        return {name: statistics.median((t[i] + t[i + 1]) / 2 for i in range(0, len(t), 2))
+                for name, t in times.items()}
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -64,6 +64,31 @@ def test_interleaved_timing_alternates_and_takes_medians(monkeypatch):
     assert out == pytest.approx({"a": 3.0, "b": 4.0})
 
 
+def test_alternating_rounds_cancel_a_bias_along_the_round(monkeypatch):
+    """alternate=True: rounds forward and backward in turn (3 repeats -> 4 rounds), the median of pair means; a
+    function timed later in a round, which runs slower by its place, gets no advantage from coming first."""
+    import itertools
+
+    from weave_kernel import symm
+
+    place = itertools.count()
+    seen = []
+
+    def fake_time(fn, warmup, repeats, calls_per_rep, before=None):
+        name = fn()
+        seen.append(name)
+        return {"a": 10.0, "b": 10.0, "c": 12.0}[name] + (next(place) % 3)  # +0, +1, +2 by place in the round
+
+    monkeypatch.setattr(symm, "cuda_time_ms", fake_time)
+    fns = {k: (lambda k=k: k) for k in "abc"}
+    out = symm.interleaved_time_ms({k: f for k, f in fns.items()}, warmup=0, repeats=3, alternate=True)
+    assert seen == list("abc" "cba" "abc" "cba")
+    assert out == pytest.approx({"a": 11.0, "b": 11.0, "c": 13.0})  # equal places, equal bias
+    place = itertools.count()
+    plain = symm.interleaved_time_ms(fns, warmup=0, repeats=3)
+    assert plain == pytest.approx({"a": 10.0, "b": 11.0, "c": 14.0})  # the fixed order favours the first
+
+
 def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
     import torch
 
