@@ -10,8 +10,9 @@ Per result it stores the exchanged `counts` (pair-based dispatch rows, see weave
 kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts. Latency of a call = max over ranks of
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
 By default the repetitions of all the policies of a configuration (the reference included) are interleaved, so
-that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order policy`
-times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
+that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order alternating`
+also evens out each policy's place within a round (a round forward, the next backward; docs/kernel.md "A policy's
+place in the benchmark's rounds"); `--order policy` times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
 the SM clock, power, temperature and clock-event reasons nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
 rank), in order and then in reverse: `sustained_ms` (mean of the two passes) and `sustained_gpu_state`, what a
@@ -482,8 +483,9 @@ def sustained_times(fns: dict, args, world: int, sampler=None) -> dict:
 
 def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
     """--ab-csrc: the other kernel version (B) checked against the reference, then A (the package's kernel) and B
-    timed in alternation, one warm-up call before each repetition of each, so that both see the same GPU state;
-    medians over args.repeats, slowest rank."""
+    timed in alternation, one warm-up call before each repetition of each, so that both see the same GPU state:
+    A then B, then B then A (interleaved_time_ms's alternate; before 2026-12-03 A always went first, and B ran
+    right after A's calls), medians over pairs of rounds (args.repeats rounded up to even), slowest rank."""
     y = other(*inputs, policy=pol)  # checked call
     err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
     b_choice = None
@@ -492,13 +494,10 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
         dist.all_gather_object(b_choice, other.last_choice())
     fa = lambda: layer(*inputs, policy=pol, check=False)  # noqa: E731
     fb = lambda: other(*inputs, policy=pol, check=False)  # noqa: E731
-    ta, tb = [], []
-    for _ in range(args.repeats):
-        ta.append(time_call(fa, 1, 1, args.calls_per_rep))
-        tb.append(time_call(fb, 1, 1, args.calls_per_rep))
+    t = interleaved_time_ms({"a": fa, "b": fb}, 0, args.repeats, args.calls_per_rep, before=sync_ranks, alternate=True)
     layer.raise_if_error()
     other.raise_if_error()
-    a, b = max_over_ranks(float(np.median(ta))), max_over_ranks(float(np.median(tb)))
+    a, b = max_over_ranks(t["a"]), max_over_ranks(t["b"])
     out = {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
     if b_choice is not None:
         out["b_choice"] = b_choice

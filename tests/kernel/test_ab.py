@@ -155,3 +155,44 @@ def test_bench_lower_bound_of_fp8_experts():
     lb_again, vol8 = lower_bound(ids, m, contiguous(m.num_experts, 2), expert_dtype="fp8")
     assert "fp8_bound_ms" not in vol and lb_again == lb
     assert lb / 2 <= vol8["fp8_bound_ms"] < lb
+
+
+def test_ab_times_alternates_which_version_goes_first(monkeypatch):
+    """bench.ab_times: B checked once against the reference, then A and B timed in rounds A-B, B-A, ... (repeats
+    rounded up to even), each figure the median over round pairs of the pair's mean, so neither version always
+    runs right after the other's calls."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from weave_kernel import bench, symm
+
+    order = []
+
+    class Fake:
+        def __init__(self, name, y):
+            self.name, self.y = name, y
+
+        def __call__(self, *inputs, policy, check=True):
+            order.append((self.name, check))
+            return self.y
+
+        def raise_if_error(self):
+            pass
+
+    ms = {"a": iter([1.0, 1.2, 1.1, 1.3]), "b": iter([2.0, 2.2, 2.1, 2.3])}
+
+    def fake_time(fn, warmup, repeats, calls, before=None):
+        assert (warmup, repeats, calls) == (1, 1, 4) and before is bench.sync_ranks
+        fn()
+        return next(ms[order[-1][0]])
+
+    monkeypatch.setattr(symm, "cuda_time_ms", fake_time)
+    monkeypatch.setattr(bench, "max_over_ranks", lambda v: v)
+    y = torch.ones(4)
+    out = bench.ab_times(Fake("a", y), Fake("b", 2 * y), "static:8", (), y, SimpleNamespace(repeats=3, calls_per_rep=4))
+    assert order[0] == ("b", True)  # the checked call of B
+    assert [n for n, _ in order[1:]] == list("abbaabba")
+    # pair means (1.0 + 1.2) / 2 = 1.1 and (1.1 + 1.3) / 2 = 1.2, median 1.15; B the same plus 1
+    assert out["a_ms"] == pytest.approx(1.15) and out["b_ms"] == pytest.approx(2.15)
+    assert out["a_over_b"] == out["a_ms"] / out["b_ms"] and abs(out["b_rel_err_vs_reference"] - 1.0) < 1e-6
