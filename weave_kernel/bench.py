@@ -11,9 +11,10 @@ kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts.
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
 By default the repetitions of all the policies of a configuration (the reference included) are interleaved, so
 that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order alternating`
-also evens out each policy's place within a round (a round forward, the next backward; docs/kernel.md "A policy's
-place in the benchmark's rounds"); `--order policy` times one policy after the other, as runs before 2026-12-01 did. Per configuration and rank, `gpu_state` records
-the SM clock, power, temperature and clock-event reasons nvidia-smi reported meanwhile (weave_kernel.gpu_state).
+also evens out each policy's place within a round (a round forward, the next backward; docs/kernel.md "weave:C
+slower than weave at EP=1"); `--order policy` times one policy after the other, as runs before 2026-12-01 did.
+Per configuration and rank, `gpu_state` records the SM clock, power, temperature and clock-event reasons
+nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
 rank), in order and then in reverse: `sustained_ms` (mean of the two passes) and `sustained_gpu_state`, what a
 power-capped GPU holds under a stream of layers (docs/power.md).

@@ -4,7 +4,7 @@
 # interleaved (a fixed order in every round) and --order alternating (rounds forward and backward in turn), then an
 # A/A run (--ab-csrc on the working tree's own sources: A and B the same kernel, so a/b should be 1). At EP=1 weave:C
 # has no rows to dispatch and its comm CTAs steal at once, so it should time as weave does; under the fixed order
-# it measured 1.4-4.6% slower, growing with its place (docs/kernel.md "A policy's place in the benchmark's rounds").
+# it measured 1.4-4.6% slower, growing with its place (docs/kernel.md "weave:C slower than weave at EP=1").
 # Not run yet (the session's device time ran out). Logs and JSON in $OUT.
 source tests/kernel/device_env.sh
 bash tests/kernel/device_run.sh build 2>&1 | tail -1
