@@ -11,7 +11,7 @@ source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/kernel_ab; mkdir -p $R
 OLD=$PWD/tests/kernel/_ab_old_csrc
 END=${END_S:-570}
-left() { local r=$((END - SECONDS)); echo $(( r < 5 ? 5 : r )); }
+left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }  # seconds left, less a reserve $1
 build_new_and_old $R $OLD || exit 2  # device_env.sh
 quick_tests $R  # device_env.sh
 if [ "${AB_MEMCHECK:-1}" = 1 ]; then
@@ -20,7 +20,7 @@ if [ "${AB_MEMCHECK:-1}" = 1 ]; then
   echo "memcheck rc $? [${SECONDS}s]: $(grep -E 'ERROR SUMMARY' $R/memcheck.log | head -2 | tr '\n' ' ')"
 fi
 wait; tail -1 $R/build_old.log
-timeout $(( $(left) - 60 )) torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state --out $R/bench_ab.json --ab-csrc $OLD \
+timeout $(left 60) torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state --out $R/bench_ab.json --ab-csrc $OLD \
   ${AB_BENCH_ARGS:---models qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3 --tokens 4096,8192 --comm 8 --weave-comm= --repeats 5} \
   > $R/bench_ab.log 2>&1; echo "bench A/B rc $? [${SECONDS}s]"
 grep -A4 "interleaved A/B" $R/bench_ab.log
@@ -29,7 +29,7 @@ for v in new old; do
   for m in ${TRACE_MODELS:-qwen3-30b-a3b:2048:768}; do
     IFS=: read name H I <<< "$m"
     (( $(left) > 20 )) || break
-    WEAVE_KERNEL_CSRC=$c timeout $(( $(left) - 10 )) torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state \
+    WEAVE_KERNEL_CSRC=$c timeout $(left 10) torchrun --nproc_per_node=1 -m weave_kernel.bench --no-gpu-state \
       --models $name --tokens 4096 --comm 8 --weave-comm= --no-sequential --repeats 3 --trace $R/trace_${v}_$name.json \
       --trace-policy weave --out $R/tr_${v}_$name.json > $R/tr_${v}_$name.log 2>&1 || echo "trace $v $name failed"
     python3 tests/kernel/trace_tiles.py $R/trace_${v}_$name.json $H $I 2>&1 | sed "s|$R/||" | head -8
