@@ -67,6 +67,8 @@ def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, be
     functions timed later in a round run after more of the round's load. With `alternate` the rounds go forward
     and backward in turn (`repeats` rounded up to even), and each function's figure is the median over round
     pairs of its mean in the pair, so a bias that grows along the round cancels within each pair."""
+    if repeats < 1 or not fns:
+        raise ValueError(f"interleaved_time_ms: need repeats >= 1 and at least one function (got {repeats}, {len(fns)})")
     for fn in fns.values():
         for _ in range(warmup):
             fn()

@@ -87,6 +87,8 @@ def test_alternating_rounds_cancel_a_bias_along_the_round(monkeypatch):
     place = itertools.count()
     plain = symm.interleaved_time_ms(fns, warmup=0, repeats=3)
     assert plain == pytest.approx({"a": 10.0, "b": 11.0, "c": 14.0})  # the fixed order favours the first
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        symm.interleaved_time_ms(fns, warmup=0, repeats=0, alternate=True)
 
 
 def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
