@@ -9,10 +9,12 @@ achieved NVLink GB/s and TFLOP/s (per GPU), then weave against the best static:C
 Per result it stores the exchanged `counts` (pair-based dispatch rows, see weave_kernel/choice.py), the
 kernel's (c*, K*) per rank and weave_sim.costmodel.choose's for the same counts. Latency of a call = max over ranks of
 the per-rank median (CUDA events) after warm-up; every repetition starts after a device sync and a barrier.
-By default the repetitions of all the policies of a configuration (the reference included) are interleaved, so
-that drift of the GPU during a configuration (clocks, temperature) reaches every policy alike; `--order alternating`
-also evens out each policy's place within a round (a round forward, the next backward; docs/kernel.md "weave:C
-slower than weave at EP=1"); `--order policy` times one policy after the other, as runs before 2026-12-01 did.
+By default the repetitions of all the policies of a configuration (the reference included) are interleaved, a
+round forward and the next backward (`--order alternating`; repetitions rounded up to even), so that drift of the
+GPU during a configuration (clocks, temperature) reaches every policy alike and no policy always runs late in a
+round (docs/kernel.md "weave:C slower than weave at EP=1"); `--order interleaved` keeps one fixed order in every
+round, as runs from 2026-12-01 to 2026-12-03 did; `--order policy` times one policy after the other, as runs before
+2026-12-01 did.
 Per configuration and rank, `gpu_state` records the SM clock, power, temperature and clock-event reasons
 nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every
@@ -95,10 +97,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="expert -> rank map: contiguous (default), or balanced per configuration from that "
                          "configuration's routing over all ranks (weave_sim.placement.balanced; the layer's tables "
                          "are rewritten with MoEMegakernel.set_placement, the reference uses the same map)")
-    ap.add_argument("--order", choices=("interleaved", "alternating", "policy"), default="interleaved",
-                    help="interleave the policies' repetitions (default), interleave them forward and backward in "
-                         "turn (each policy's place in a round evened out; repetitions rounded up to even), or "
-                         "time one policy after the other")
+    ap.add_argument("--order", choices=("alternating", "shuffled", "interleaved", "policy"), default="alternating",
+                    help="interleave the policies' repetitions forward and backward in turn (default: each "
+                         "policy's place in a round evened out; repetitions rounded up to even), in a fresh random "
+                         "order every round (drawn from --seed), in one fixed order, or time one policy after the "
+                         "other")
     ap.add_argument("--sustained", type=float, default=0.0,
                     help="also time every policy back to back for about this many seconds after 0.5 s idle (the "
                          "clock a power-capped GPU holds under a stream of layers; docs/power.md): sustained_ms")
@@ -139,9 +142,10 @@ def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
 
 def time_policies(fns: dict, args) -> dict:
     """{name: median ms on this rank} for every function of one configuration, in args.order."""
-    if args.order in ("interleaved", "alternating"):
+    if args.order in ("interleaved", "alternating", "shuffled"):
         return interleaved_time_ms(fns, args.warmup, args.repeats, args.calls_per_rep, before=sync_ranks,
-                                   alternate=args.order == "alternating")
+                                   alternate=args.order == "alternating",
+                                   shuffle_seed=args.seed if args.order == "shuffled" else None)
     return {name: time_call(fn, args.warmup, args.repeats, args.calls_per_rep) for name, fn in fns.items()}
 
 

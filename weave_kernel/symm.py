@@ -5,6 +5,7 @@ and the GEMM probe, so that they allocate and time the same way.
 """
 from __future__ import annotations
 
+import random
 import statistics
 
 import torch
@@ -58,7 +59,7 @@ def cuda_time_ms(fn, warmup: int, repeats: int, calls: int = 1, before=None) -> 
 
 
 def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, before=None,
-                        alternate: bool = False) -> dict:
+                        alternate: bool = False, shuffle_seed: int | None = None) -> dict:
     """cuda_time_ms for several functions at once, their repetitions interleaved: `warmup` untimed calls of
     each, then `repeats` rounds, each timing every function once (one untimed call, then `calls` back-to-back
     calls). Any drift of the GPU over the rounds (clocks, temperature) reaches every function alike. Returns
@@ -66,17 +67,27 @@ def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, be
     Within a round the order is fixed, so a function's place in it is not: on a GPU at its power cap the
     functions timed later in a round run after more of the round's load. With `alternate` the rounds go forward
     and backward in turn (`repeats` rounded up to even), and each function's figure is the median over round
-    pairs of its mean in the pair, so a bias that grows along the round cancels within each pair."""
+    pairs of its mean in the pair, so a bias that grows along the round cancels within each pair.
+    That does not remove a bias from the function timed before: at the power cap a function timed right after a
+    light one (the reference) starts at a higher clock, and forward and backward rounds give each function the
+    same neighbours. With `shuffle_seed` every round times the functions in a fresh random order (drawn from that
+    seed, so every rank draws the same orders), and each figure is the median over rounds."""
     if repeats < 1 or not fns:
         raise ValueError(f"interleaved_time_ms: need repeats >= 1 and at least one function (got {repeats}, {len(fns)})")
+    if alternate and shuffle_seed is not None:
+        raise ValueError("interleaved_time_ms: alternate and shuffle_seed exclude each other")
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     names = list(fns)
     rounds = repeats + (repeats % 2) if alternate else repeats
     times = {name: [] for name in fns}
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
     for r in range(rounds):
-        for name in (names[::-1] if alternate and r % 2 else names):
+        order = names[::-1] if alternate and r % 2 else names
+        if rng is not None:
+            order = rng.sample(names, len(names))
+        for name in order:
             times[name].append(cuda_time_ms(fns[name], 1, 1, calls, before=before))
     if alternate:
         return {name: statistics.median((t[i] + t[i + 1]) / 2 for i in range(0, len(t), 2))

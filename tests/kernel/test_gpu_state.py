@@ -91,6 +91,35 @@ def test_alternating_rounds_cancel_a_bias_along_the_round(monkeypatch):
         symm.interleaved_time_ms(fns, warmup=0, repeats=0, alternate=True)
 
 
+def test_shuffled_rounds_time_every_function_once_per_round_in_a_seeded_order(monkeypatch):
+    """shuffle_seed: every round a permutation of the functions, the same for the same seed (every rank draws the
+    same orders), not one fixed order; each figure the median over rounds; alternate and shuffle exclude each other."""
+    from weave_kernel import symm
+
+    seen = []
+
+    def fake_time(fn, warmup, repeats, calls_per_rep, before=None):
+        name = fn()
+        seen.append(name)
+        return {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0}[name] + 0.1 * (len(seen) % 5)
+
+    monkeypatch.setattr(symm, "cuda_time_ms", fake_time)
+    fns = {k: (lambda k=k: k) for k in "abcde"}
+    out = symm.interleaved_time_ms(fns, warmup=0, repeats=6, shuffle_seed=3)
+    rounds = [seen[i:i + 5] for i in range(0, 30, 5)]
+    assert all(sorted(r) == list("abcde") for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1
+    for k, base in zip("abcde", (1.0, 2.0, 3.0, 4.0, 5.0)):  # the median of the six rounds' times
+        t = sorted(base + 0.1 * ((i + 1) % 5) for i, n in enumerate(seen) if n == k)
+        assert out[k] == pytest.approx((t[2] + t[3]) / 2)
+    first = list(seen)
+    seen.clear()
+    symm.interleaved_time_ms(fns, warmup=0, repeats=6, shuffle_seed=3)
+    assert seen == first
+    with pytest.raises(ValueError, match="exclude"):
+        symm.interleaved_time_ms(fns, warmup=0, repeats=2, alternate=True, shuffle_seed=1)
+
+
 def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
     import torch
 
