@@ -6,7 +6,7 @@
 # static:8, which the patch leaves alone, is the A/A control). At EP=1 weave:C
 # has no rows to dispatch and its comm CTAs steal at once, so it should time as weave does; under the fixed order
 # it measured 1.4-4.6% slower, growing with its place (docs/kernel.md "weave:C slower than weave at EP=1").
-# Not run yet (the session's device time ran out). Logs and JSON in $OUT.
+# Ran 2026-12-03 (docs/results/order/, docs/kernel.md "weave:C slower than weave at EP=1"). Logs and JSON in $OUT.
 source tests/kernel/device_env.sh
 bash tests/kernel/device_run.sh build 2>&1 | tail -1
 for o in interleaved alternating; do
