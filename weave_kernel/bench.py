@@ -90,6 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dispatch", default="threads",
                     help="how comm CTAs copy their rows: threads (all threads, default), bulk or bulk:W (bulk copies "
                          "issued by W warps, csrc/bulk_copy.cuh)")
+    ap.add_argument("--ab-sustained", type=float, default=0.0,
+                    help="with an A/B (--ab-csrc, --ab-cost-profile, --ab-dispatch): also time A and B each alone for "
+                         "about S seconds after 0.5 s idle, in the order A, B, B, A (the steady state of a power-capped "
+                         "GPU, where a version that draws less power runs at a higher clock): a_over_b_sustained")
     ap.add_argument("--ab-dispatch", action="store_true",
                     help="A/B of the dispatch copies: B = the same kernel with the other --dispatch mode, timed "
                          "against A as --ab-csrc does")
@@ -506,7 +510,25 @@ def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
     out = {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
     if b_choice is not None:
         out["b_choice"] = b_choice
+    if getattr(args, "ab_sustained", 0) > 0:
+        out.update(ab_sustained_times({"a": fa, "b": fb}, args.ab_sustained))
+        layer.raise_if_error()
+        other.raise_if_error()
     return out
+
+
+def ab_sustained_times(fns: dict, seconds: float) -> dict:
+    """--ab-sustained: A and B each alone for about `seconds` after 0.5 s idle (gpu_state.sustained_ms, the same call
+    count on every rank), in the order A, B, B, A, so that a steady drift cancels; each version's figure is the mean
+    of its two windows, slowest rank."""
+    ts = {"a": [], "b": []}
+    for name in ("a", "b", "b", "a"):
+        calls = sustained_calls(fns[name], seconds, agree=lambda n: int(max_over_ranks(n)))
+        dist.barrier()
+        t, _, _ = sustained_ms(fns[name], seconds, idle_s=0.5, calls=calls)
+        ts[name].append(max_over_ranks(t))
+    a, b = float(np.mean(ts["a"])), float(np.mean(ts["b"]))
+    return {"a_sustained_ms": a, "b_sustained_ms": b, "a_over_b_sustained": a / b, "sustained_windows_ms": ts}
 
 
 def graph_summary(rows: list[dict]) -> str:
@@ -532,6 +554,10 @@ def ab_summary(rows: list[dict]) -> str:
         worst = max(r["ab"][p]["b_rel_err_vs_reference"] for r in rows if p in r.get("ab", {}))
         lines.append(f"  {p:<12} {float(np.exp(np.mean(np.log(v)))):.3f}x over {len(v)} configs "
                      f"(range {min(v):.3f}-{max(v):.3f}; B's worst rel. error {worst:.1e})")
+        vs = [r["ab"][p]["a_over_b_sustained"] for r in rows if "a_over_b_sustained" in r.get("ab", {}).get(p, {})]
+        if vs:
+            lines.append(f"  {p + ' sust.':<12} {float(np.exp(np.mean(np.log(vs)))):.3f}x over {len(vs)} configs "
+                         f"(range {min(vs):.3f}-{max(vs):.3f}; each alone, --ab-sustained)")
     return "\n".join(lines)
 
 

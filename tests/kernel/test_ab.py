@@ -31,6 +31,39 @@ def test_ab_summary_geomean_and_worst_error():
     assert "1.000x over 1 configs" in next(line for line in text.splitlines() if "static:20" in line)
 
 
+def test_ab_summary_adds_the_sustained_ratio_where_measured():
+    rows = [{"ab": {"weave": {"a_over_b": 1.0, "b_rel_err_vs_reference": 5e-3, "a_over_b_sustained": 1.04}}},
+            {"ab": {"weave": {"a_over_b": 1.0, "b_rel_err_vs_reference": 5e-3, "a_over_b_sustained": 1.0}}},
+            {"ab": {"static:20": {"a_over_b": 1.0, "b_rel_err_vs_reference": 5e-3}}}]
+    lines = ab_summary(rows).splitlines()
+    sust = [line for line in lines if "sust." in line]
+    assert len(sust) == 1 and "weave sust." in sust[0] and "1.020x over 2 configs" in sust[0]  # sqrt(1.04)
+    assert "1.000-1.040" in sust[0]
+
+
+def test_ab_sustained_times_alternate_a_b_b_a(monkeypatch):
+    """--ab-sustained: each version alone for the window, A B B A, the mean of its two windows, slowest rank."""
+    from weave_kernel import bench
+
+    seen = []
+    ms = {"a": iter([1.0, 1.2]), "b": iter([2.0, 2.4])}
+
+    def fake_sustained(fn, seconds, idle_s, calls):
+        assert (seconds, idle_s, calls) == (1.5, 0.5, 7)
+        name = fn()
+        seen.append(name)
+        return next(ms[name]), 0.0, 0.0
+
+    monkeypatch.setattr(bench, "sustained_ms", fake_sustained)
+    monkeypatch.setattr(bench, "sustained_calls", lambda fn, s, agree: 7)
+    monkeypatch.setattr(bench, "max_over_ranks", lambda v: v)
+    monkeypatch.setattr(bench.dist, "barrier", lambda: None)
+    out = bench.ab_sustained_times({"a": lambda: "a", "b": lambda: "b"}, 1.5)
+    assert seen == list("abba")
+    assert out["a_sustained_ms"] == pytest.approx(1.1) and out["b_sustained_ms"] == pytest.approx(2.2)
+    assert out["a_over_b_sustained"] == pytest.approx(0.5)
+
+
 def test_graph_summary_geomean_and_host_time():
     rows = [{"graph_speedup": {"weave": 1.05, "static:8": 1.0}, "host_us_per_call": {"weave": 60.0, "static:8": 50.0}},
             {"graph_speedup": {"weave": 1 / 1.05}, "host_us_per_call": {"weave": 80.0}},
