@@ -3,7 +3,7 @@
 # the tree. The first form lost 8% bench-style because ptxas serialised every wgmma (C7511, register resources);
 # the second chooses between two copies of the k loop once per tile and leaves the shared-expert instance without
 # half tiles, and compiles without the warning (not run on a GPU yet). The question is the steady state at the power
-# cap: the first form, 10% slower per tile, was still 1.6-3.1% faster sustained on qwen3.5-35b-a3b and deepseek-v3
+# cap: the first form, 10% slower per tile, was still 1.5-3.1% faster sustained on three of four qwen3.5-35b-a3b / deepseek-v3 configurations
 # (docs/kernel.md "Half tiles at the power cap"). The patched copy is built under its own name; on it gpu_worker
 # --quick, virtual ranks G = 2, 4 and compute-sanitizer memcheck; then bench --ab-csrc (A = the tree, B = the patch)
 # with --ab-sustained 1.0 on the six models at 2048 and 4096 tokens. Logs in $OUT/half_tiles.
