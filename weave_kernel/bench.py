@@ -13,8 +13,10 @@ By default the repetitions of all the policies of a configuration (the reference
 round forward and the next backward (`--order alternating`; repetitions rounded up to even), so that drift of the
 GPU during a configuration (clocks, temperature) reaches every policy alike and no policy always runs late in a
 round (docs/kernel.md "weave:C slower than weave at EP=1"); `--order interleaved` keeps one fixed order in every
-round, as runs from 2026-12-01 to 2026-12-03 did; `--order policy` times one policy after the other, as runs before
-2026-12-01 did.
+round, as runs from 2026-12-01 to 2026-12-03 did; `--order shuffled` draws a fresh order every round (from --seed,
+the same on every rank), which turns the effect of the policy timed before (a 3-5% bias at the power cap) into noise;
+`--order policy` times one policy after the other, as runs before 2026-12-01 did. `--ab-sustained S` adds the
+steady state to an A/B (each version alone for about S seconds).
 Per configuration and rank, `gpu_state` records the SM clock, power, temperature and clock-event reasons
 nvidia-smi reported meanwhile (weave_kernel.gpu_state).
 `--sustained S` also times every policy back to back for about S seconds (the same number of calls on every

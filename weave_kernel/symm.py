@@ -69,7 +69,7 @@ def interleaved_time_ms(fns: dict, warmup: int, repeats: int, calls: int = 1, be
     and backward in turn (`repeats` rounded up to even), and each function's figure is the median over round
     pairs of its mean in the pair, so a bias that grows along the round cancels within each pair.
     That does not remove a bias from the function timed before: at the power cap a function timed right after a
-    light one (the reference) starts at a higher clock, and forward and backward rounds give each function the
+    light one (the reference) presumably starts at a higher clock, and forward and backward rounds give each function the
     same neighbours. With `shuffle_seed` every round times the functions in a fresh random order (drawn from that
     seed, so every rank draws the same orders), and each figure is the median over rounds."""
     if repeats < 1 or not fns:
