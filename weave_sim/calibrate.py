@@ -480,14 +480,16 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
 
 # --- fitting the profile to measured kernel latencies ------------------------------------------------
 FIT_PARAMS = ("gemm_scale", "push_scale", "fixed_us", "barrier_us")
-OPTIONAL_FIT_PARAMS = ("tile_ns", "piece_ns", "conc_exp")  # fitted only when asked for (fit_profile(params=...), --fit-params)
+OPTIONAL_FIT_PARAMS = ("tile_ns", "piece_ns", "conc_exp", "power_scale")  # fitted only when asked for (fit_profile(params=...), --fit-params)
 _FIT_BOUNDS = {"gemm_scale": (0.2, 1.5), "push_scale": (0.1, 1.5), "fixed_us": (0.0, 600.0), "barrier_us": (0.0, 100.0),
-               "tile_ns": (0.0, 5000.0), "piece_ns": (0.0, 20000.0), "conc_exp": (0.0, 1.5)}
+               "tile_ns": (0.0, 5000.0), "piece_ns": (0.0, 20000.0), "conc_exp": (0.0, 1.5),
+               "power_scale": (0.5, 3.0)}
 
 
 def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: float,
                    barrier_us: float | None = None, tile_ns: float | None = None,
-                   piece_ns: float | None = None, conc_exp: float | None = None) -> dict:
+                   piece_ns: float | None = None, conc_exp: float | None = None,
+                   power_scale: float | None = None) -> dict:
     """`base` with per-SM GEMM rates x gemm_scale, the push curve stretched so that c CTAs move what
     c * push_scale CTAs moved (the per-CTA rate scales, the link's plateau stays), the per-layer fixed
     cost of the count exchange set to fixed_us and (unless None) the cost of one grid barrier between the
@@ -496,7 +498,10 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
     tile (the profile's task_claim: claim, pipeline fill and epilogue beyond the calibrated rate). piece_ns (unless
     None): the megakernel's cost per dispatch piece (fixed_ns "dispatch_piece"; the engine uses `signal` without it).
     conc_exp (unless None; needs the base's gemm.scale_by_ctas): that concurrency factor raised to this power, i.e.
-    how much of the calibrated dependence on the number of computing SMs shows inside the layer (0: none)."""
+    how much of the calibrated dependence on the number of computing SMs shows inside the layer (0: none).
+    power_scale (unless None; needs the base's power model): the power model's watts per TFLOP/s times this, the
+    energy per FLOP of a layer's work against the calibration GEMM's (a layer also runs epilogues, row copies and the
+    reduction, and its board held lower clocks at the cap than the GEMM-fitted model gives; docs/results.md)."""
     prof = json.loads(json.dumps(base))
     gemm = prof["gemm"]
     gemm["per_sm_tflops_by_rows"] = {k: v * gemm_scale for k, v in gemm["per_sm_tflops_by_rows"].items()}
@@ -517,6 +522,10 @@ def scaled_profile(base: dict, gemm_scale: float, push_scale: float, fixed_us: f
         if "scale_by_ctas" not in gemm:
             raise CalibrationError("conc_exp needs a base profile with gemm.scale_by_ctas (calibrate --gemm-concurrency)")
         gemm["scale_by_ctas"] = {k: float(v) ** conc_exp for k, v in gemm["scale_by_ctas"].items()}
+    if power_scale is not None:
+        if "power" not in prof:
+            raise CalibrationError("power_scale needs a base profile with a power model")
+        prof["power"]["w_per_tflops"] = float(prof["power"]["w_per_tflops"]) * power_scale
     return prof
 
 
@@ -668,6 +677,10 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
         x["piece_ns"] = float(base_raw["fixed_ns"].get("dispatch_piece", base_raw["fixed_ns"]["signal"]))
     if "conc_exp" in params:
         x["conc_exp"] = 1.0
+    if "power_scale" in params:
+        if "power" not in base_raw:
+            raise CalibrationError("power_scale needs a power model: a base profile with one, or --power")
+        x["power_scale"] = 1.0
 
     if workers < 0:
         raise CalibrationError(f"workers must be >= 0, got {workers}")
@@ -703,6 +716,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
                       + (f", per dispatch piece {x['piece_ns']:.0f} ns" if "piece_ns" in x else "")
                       + (f", concurrency factor ^ {x['conc_exp']:.2f}" if "conc_exp" in x else "")
+                      + (f", power per TFLOP/s x {x['power_scale']:.3f}" if "power_scale" in x else "")
                       + (", GEMM rate by computing SMs (gemm.scale_by_ctas)"
                          if "scale_by_ctas" in base_raw["gemm"] else "")
                       + (", tile time by K (gemm.k_fixed share "

@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-params", default=None,
                    help="with --fit: comma-separated parameters (default gemm_scale,push_scale,fixed_us,barrier_us; "
                         "add tile_ns to fit a fixed cost per GEMM tile, piece_ns one per kernel dispatch piece, "
-                        "conc_exp a power on the base's gemm.scale_by_ctas; leave one out to keep the base's value, "
+                        "conc_exp a power on the base's gemm.scale_by_ctas, power_scale a factor on the power model's W per "
+                        "TFLOP/s; leave one out to keep the base's value, "
                         "e.g. push_scale on one GPU)")
     p.add_argument("--params-from", default=None, metavar="PROFILE",
                    help="with measurements: apply this fitted profile's in-layer factors (GEMM rate and push scales, "

@@ -222,6 +222,36 @@ def test_fit_adds_the_power_block_to_its_base(tmp_path):
         fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=bench)
 
 
+def test_power_scale_scales_the_energy_per_flop_and_is_fitted(tmp_path):
+    """scaled_profile's power_scale multiplies the power model's W per TFLOP/s (nothing else); without a power model
+    it is an error; the fit finds the factor a simulated power-capped benchmark was made with, from its policies'
+    different loads."""
+    from weave_sim.calibrate import scaled_profile
+    from weave_sim.engine.testing import simulated_bench_file
+
+    # the layer's GEMMs run at a few hundred TFLOP/s: 3 W per TFLOP/s puts it at the cap, twice that far above
+    raw = _raw_with_power({"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 3.0, "exponent": 1.5}, num_sms=132)
+    fixed_us = raw["fixed_ns"]["count_exchange"] / 1e3
+    double = scaled_profile(raw, 1.0, 1.0, fixed_us, power_scale=2.0)
+    assert double["power"]["w_per_tflops"] == pytest.approx(2.0 * raw["power"]["w_per_tflops"])
+    assert {k: v for k, v in double["power"].items() if k != "w_per_tflops"} == \
+        {k: v for k, v in raw["power"].items() if k != "w_per_tflops"}
+    assert scaled_profile(raw, 1.0, 1.0, fixed_us)["power"] == raw["power"]
+    with pytest.raises(CalibrationError, match="power model"):
+        scaled_profile(_raw_with_power(None), 1.0, 1.0, 10.0, power_scale=2.0)
+    bench = simulated_bench_file(tmp_path / "b.json", profile_from_dict(double), 1024, 512, tokens=2048,
+                                 policies=("static:4", "static:48", "sequential"))
+    (tmp_path / "base.json").write_text(json.dumps(raw))
+    prof = fit_profile(bench, base=str(tmp_path / "base.json"), rounds=1, iters=8, log=lambda m: None,
+                       params=("power_scale",))
+    assert prof["calibration"]["params"]["power_scale"] == pytest.approx(2.0, rel=0.1)
+    assert prof["calibration"]["mean_abs_log_error"] < 0.01 and "power per TFLOP/s x" in prof["source"]
+    (tmp_path / "nopower.json").write_text(json.dumps(_raw_with_power(None, num_sms=132)))
+    with pytest.raises(CalibrationError, match="power_scale needs a power model"):
+        fit_profile(bench, base=str(tmp_path / "nopower.json"), rounds=1, iters=1, log=lambda m: None,
+                    params=("power_scale",))
+
+
 def test_shipped_power_profile_matches_its_measurements():
     """h200-megakernel-power's power section is what weave-sim calibrate makes of the committed measurements it
     names; the rest is the fit recorded in it (docs/results.md gives the command)."""
