@@ -540,6 +540,23 @@ def _result_logs(result: dict, prof, policies) -> list[float]:
     return [abs(np.log(v.predicted_ms[p] / v.measured_ms[p])) for p in v.predicted_ms]
 
 
+def _result_clock_logs(result: dict, prof, policies) -> list[float]:
+    """|log(predicted / measured)| of the SM clock of one benchmark result's kernel policies (those in `policies`,
+    or all), per rank, where the result carries each policy's measured clock (validate.timed_as 'sustained':
+    policy_mhz) and the profile predicts one (a power model)."""
+    from .validate import validate_result
+
+    clocks = result.get("policy_mhz") or {}
+    keep = dict(result)
+    keep["latency_ms"] = {p: t for p, t in result["latency_ms"].items()
+                          if p != "reference" and p in clocks and (policies is None or p in policies)}
+    if not keep["latency_ms"]:
+        return []
+    v = validate_result(keep, prof)
+    return [abs(np.log(pred / meas)) for p, per in v.predicted_mhz.items()
+            for pred, meas in zip(per, clocks[p]) if meas]
+
+
 _WORKER_STATE: tuple = ()  # (results, policies) of the fit a worker process serves (FitPool's initializer)
 
 
@@ -549,10 +566,11 @@ def _worker_init(results: list, policies) -> None:
 
 
 def _worker_logs(job: tuple) -> list[tuple[int, list[float]]]:
-    profile_dict, indices = job
+    profile_dict, indices, clocks = job
     results, policies = _WORKER_STATE
     prof = profile_from_dict(profile_dict, origin="fit candidate")
-    return [(i, _result_logs(results[i], prof, policies)) for i in indices]
+    logs = _result_clock_logs if clocks else _result_logs
+    return [(i, logs(results[i], prof, policies)) for i in indices]
 
 
 class FitPool:
@@ -568,11 +586,13 @@ class FitPool:
         self.executor = ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_init,
                                             initargs=(self.results, policies))
 
-    def logs(self, profile_dict: dict) -> list[float]:
-        """_result_logs of every result, in the results' order (so the mean is the serial one, bit for bit)."""
+    def logs(self, profile_dict: dict, clocks: bool = False) -> list[float]:
+        """_result_logs (clocks: _result_clock_logs) of every result, in the results' order (so the mean is the
+        serial one, bit for bit)."""
         # interleaved shares: results come grouped by model and size, and their simulation costs differ
         shares = [list(range(w, len(self.results), 2 * self.workers)) for w in range(2 * self.workers)]
-        by_index = dict(pair for part in self.executor.map(_worker_logs, [(profile_dict, s) for s in shares if s])
+        by_index = dict(pair for part in self.executor.map(_worker_logs, [(profile_dict, s, clocks)
+                                                                           for s in shares if s])
                         for pair in part)
         return [x for i in range(len(self.results)) for x in by_index[i]]
 
@@ -586,16 +606,20 @@ class FitPool:
         self.close()
 
 
-def fit_error(bench: dict, profile_dict: dict, policies=None, pool: FitPool | None = None) -> tuple[float, int]:
-    """Mean |log(predicted / measured)| over the benchmark's (config, policy) points, and their number. With a
-    FitPool (built on the same benchmark and policies), its worker processes simulate the points."""
+def fit_error(bench: dict, profile_dict: dict, policies=None, pool: FitPool | None = None,
+              clocks: bool = False) -> tuple[float, int]:
+    """Mean |log(predicted / measured)| over the benchmark's (config, policy) points, and their number; clocks: of
+    the SM clocks instead of the latencies (the points with a measured clock per policy). With a FitPool (built on
+    the same benchmark and policies), its worker processes simulate the points."""
     if pool is not None:
-        logs = pool.logs(profile_dict)
+        logs = pool.logs(profile_dict, clocks)
     else:
         prof = profile_from_dict(profile_dict, origin="fit candidate")
-        logs = [x for r in bench["results"] for x in _result_logs(r, prof, policies)]
+        one = _result_clock_logs if clocks else _result_logs
+        logs = [x for r in bench["results"] for x in one(r, prof, policies)]
     if not logs:
-        raise CalibrationError("no measured points to fit")
+        raise CalibrationError("no measured SM clocks per policy to fit power_scale to (bench --sustained S records "
+                               "them; fit with --timing sustained)" if clocks else "no measured points to fit")
     return float(np.mean(logs)), len(logs)
 
 
@@ -690,10 +714,37 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     def err(params: dict) -> float:
         return fit_error(bench, scaled_profile(base_raw, **params), policies, pool)[0]
 
+    clock_fit = None
+    clock_points = []
+
+    def clock_err(v: float) -> float:
+        e, n = fit_error(bench, scaled_profile(base_raw, **{**x, "power_scale": v}), policies, pool, clocks=True)
+        clock_points.append(n)
+        return e
+
     try:
-        best = err(x)
+        best = None
         for _ in range(rounds):
+            if "power_scale" in params:
+                # the clock is what power_scale sets, and the latencies alone cannot tell it from the GEMM rate: it
+                # is fitted to the measured SM clocks, the other parameters to the latencies (each round both, as
+                # the power drawn depends on the GEMM rate)
+                before = clock_err(x["power_scale"])
+                lo, hi = _FIT_BOUNDS["power_scale"]
+                val, e = _golden(clock_err, lo, hi, iters=iters)
+                if e < before:
+                    x["power_scale"] = val
+                if clock_fit is None:
+                    clock_fit = {"points": clock_points[0], "mean_abs_log_error_before": round(before, 4)}
+                clock_fit["mean_abs_log_error"] = round(min(e, before), 4)
+                log(f"fit: power_scale = {x['power_scale']:.4g} on {clock_fit['points']} measured SM clocks, "
+                    f"mean |log error| {clock_fit['mean_abs_log_error']:.4f}")
+                best = None  # the latencies' error changed with it
+            if best is None:
+                best = err(x)
             for key in params:
+                if key == "power_scale":
+                    continue
                 lo, hi = _FIT_BOUNDS[key]
                 val, e = _golden(lambda v: err({**x, key: v}), lo, hi, iters=iters)
                 if e < best:
@@ -716,7 +767,8 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                       + (f", per GEMM tile {x['tile_ns']:.0f} ns" if "tile_ns" in x else "")
                       + (f", per dispatch piece {x['piece_ns']:.0f} ns" if "piece_ns" in x else "")
                       + (f", concurrency factor ^ {x['conc_exp']:.2f}" if "conc_exp" in x else "")
-                      + (f", power per TFLOP/s x {x['power_scale']:.3f}" if "power_scale" in x else "")
+                      + (f", power per TFLOP/s x {x['power_scale']:.3f} (fitted to {clock_fit['points']} measured "
+                         "SM clocks)" if clock_fit is not None else "")
                       + (", GEMM rate by computing SMs (gemm.scale_by_ctas)"
                          if "scale_by_ctas" in base_raw["gemm"] else "")
                       + (", tile time by K (gemm.k_fixed share "
@@ -733,6 +785,7 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
                            **({} if k_fixed_path is None else {"k_fixed_from": str(k_fixed_path)}),
                            **({} if decision is None else {"decision_from": decision}),
                            **({} if piece is None else {"dispatch_piece_from": piece}),
+                           **({} if clock_fit is None else {"power_scale_from_clocks": clock_fit}),
                            "fitted_to": str(bench_path), "timing": timing, "params": x, "fitted": list(params),
                            "mean_abs_log_error": best,
                            "points": n, "min_tokens": min_tokens, "policies": policies,

@@ -303,8 +303,24 @@ def timed_as(data: dict, timing: str, path="the benchmark") -> dict:
         for g in range(ranks):
             mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
             state.append({"sm_mhz_median": float(np.median(mhz))} if mhz else None)
-        out.append({**r, "latency_ms": dict(r["sustained_ms"]), "gpu_state": state or None, "timing": "sustained"})
+        out.append({**r, "latency_ms": dict(r["sustained_ms"]), "gpu_state": state or None, "timing": "sustained",
+                    "policy_mhz": policy_clocks(r)})
     return {**data, "results": out}
+
+
+def policy_clocks(r: dict) -> dict:
+    """{policy: [per rank, the mean over its sustained passes of the median SM clock]} of one benchmark result
+    (bench --sustained records each policy's passes apart; calibrate fits power_scale to these), None for a rank
+    without samples."""
+    out = {}
+    for pol, passes in (r.get("sustained_gpu_state") or {}).items():
+        ranks = max((len(p) for p in passes), default=0)
+        per = []
+        for g in range(ranks):
+            mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
+            per.append(float(np.mean(mhz)) if mhz else None)
+        out[pol] = per
+    return out
 
 
 def validate_file(path, profile: HardwareProfile, seed: int = 0, trace_dir: Path | None = None,

@@ -222,12 +222,27 @@ def test_fit_adds_the_power_block_to_its_base(tmp_path):
         fit_profile(bench, rounds=1, iters=2, log=lambda m: None, power_path=bench)
 
 
-def test_power_scale_scales_the_energy_per_flop_and_is_fitted(tmp_path):
+def _with_sustained_clocks(path, profile):
+    """A simulated benchmark file made a sustained one: each result's latencies also as sustained_ms, and each
+    policy's SM clock as `profile` predicts it as its sustained_gpu_state (one pass, one rank per GPU)."""
+    from weave_sim.validate import validate_result
+
+    data = json.loads(path.read_text())
+    for r in data["results"]:
+        v = validate_result(r, profile)
+        r["sustained_ms"] = dict(r["latency_ms"])
+        r["sustained_gpu_state"] = {p: [[{"sm_mhz_median": m} for m in mhz]] for p, mhz in v.predicted_mhz.items()}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_power_scale_scales_the_energy_per_flop_and_is_fitted_to_the_clocks(tmp_path):
     """scaled_profile's power_scale multiplies the power model's W per TFLOP/s (nothing else); without a power model
-    it is an error; the fit finds the factor a simulated power-capped benchmark was made with, from its policies'
-    different loads."""
+    it is an error; the fit finds the factor a simulated power-capped benchmark was made with from the policies'
+    measured SM clocks (sustained runs), then the other parameters from the latencies."""
     from weave_sim.calibrate import scaled_profile
     from weave_sim.engine.testing import simulated_bench_file
+    from weave_sim.validate import policy_clocks
 
     # the layer's GEMMs run at a few hundred TFLOP/s: 3 W per TFLOP/s puts it at the cap, twice that far above
     raw = _raw_with_power({"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 3.0, "exponent": 1.5}, num_sms=132)
@@ -239,17 +254,30 @@ def test_power_scale_scales_the_energy_per_flop_and_is_fitted(tmp_path):
     assert scaled_profile(raw, 1.0, 1.0, fixed_us)["power"] == raw["power"]
     with pytest.raises(CalibrationError, match="power model"):
         scaled_profile(_raw_with_power(None), 1.0, 1.0, 10.0, power_scale=2.0)
-    bench = simulated_bench_file(tmp_path / "b.json", profile_from_dict(double), 1024, 512, tokens=2048,
+    truth = profile_from_dict(scaled_profile(double, 0.8, 1.0, fixed_us))  # a slower GEMM as well
+    bench = simulated_bench_file(tmp_path / "b.json", truth, 1024, 512, tokens=2048,
                                  policies=("static:4", "static:48", "sequential"))
+    # without measured clocks there is nothing to fit power_scale to
     (tmp_path / "base.json").write_text(json.dumps(raw))
-    prof = fit_profile(bench, base=str(tmp_path / "base.json"), rounds=1, iters=8, log=lambda m: None,
-                       params=("power_scale",))
-    assert prof["calibration"]["params"]["power_scale"] == pytest.approx(2.0, rel=0.1)
-    assert prof["calibration"]["mean_abs_log_error"] < 0.01 and "power per TFLOP/s x" in prof["source"]
+    with pytest.raises(CalibrationError, match="no measured SM clocks"):
+        fit_profile(bench, base=str(tmp_path / "base.json"), rounds=1, iters=1, log=lambda m: None,
+                    params=("power_scale",))
+    _with_sustained_clocks(bench, truth)
+    r0 = json.loads(bench.read_text())["results"][0]
+    assert set(policy_clocks(r0)) == {"static:4", "static:48", "sequential"}
+    assert all(m < 1980.0 for per in policy_clocks(r0).values() for m in per)  # at the cap
+    prof = fit_profile(bench, base=str(tmp_path / "base.json"), rounds=3, iters=10, log=lambda m: None,
+                       params=("power_scale", "gemm_scale"), timing="sustained")
+    cal = prof["calibration"]
+    assert cal["params"]["power_scale"] == pytest.approx(2.0, rel=0.05)
+    assert cal["params"]["gemm_scale"] == pytest.approx(0.8, rel=0.05)
+    assert cal["power_scale_from_clocks"]["mean_abs_log_error"] < 0.01 < cal["power_scale_from_clocks"][
+        "mean_abs_log_error_before"]
+    assert cal["mean_abs_log_error"] < 0.01 and "fitted to 6 measured SM clocks" in prof["source"]  # 3 policies x 2 GPUs
     (tmp_path / "nopower.json").write_text(json.dumps(_raw_with_power(None, num_sms=132)))
     with pytest.raises(CalibrationError, match="power_scale needs a power model"):
         fit_profile(bench, base=str(tmp_path / "nopower.json"), rounds=1, iters=1, log=lambda m: None,
-                    params=("power_scale",))
+                    params=("power_scale",), timing="sustained")
 
 
 def test_shipped_power_profile_matches_its_measurements():
