@@ -35,7 +35,7 @@ def main(argv):
                 meas = clocks[(c["model"], c["tokens_per_gpu"])]
                 clk += [abs(math.log(p / m)) for pol, per in c["predicted_mhz"].items()
                         for p, m in zip(per, meas.get(pol, [])) if m]
-        f = lambda v: f"{100 * st.median(v):.1f}% / {100 * max(v):.1f}%"  # noqa: E731
+        f = lambda v: f"{100 * st.median(v):.1f}% / {100 * max(v):.1f}%" if v else "-"  # noqa: E731
         print(f"{name:16}{f(rows[True]):>26}{f(rows[False]):>24}"
               f"{gm(ratio[0]):>22.3f} / {gm(ratio[1]):.3f}{st.mean(clk) if clk else float('nan'):>20.3f}")
 
