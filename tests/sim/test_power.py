@@ -280,6 +280,33 @@ def test_power_scale_scales_the_energy_per_flop_and_is_fitted_to_the_clocks(tmp_
                     params=("power_scale",), timing="sustained")
 
 
+def test_shipped_sustained_profile_is_its_base_with_its_recorded_fit():
+    """h200-megakernel-power-ep1-sustained is its base profile, plus the concurrency curve of the calibration it names,
+    with the fit's recorded parameters applied (scaled_profile): the GEMM rates, the concurrency factor and the power
+    model's W per TFLOP/s, whose factor was fitted to measured clocks (docs/calibration.md "A layer's energy per
+    FLOP" has the commands). A refit of the base needs a refit of this profile."""
+    from pathlib import Path
+
+    from weave_sim.calibrate import gemm_concurrency_curve, read_measurements, scaled_profile
+    from weave_sim.profile import load_profile
+
+    root = Path(__file__).resolve().parents[2]
+    prof = load_profile("h200-megakernel-power-ep1-sustained").raw
+    cal = prof["calibration"]
+    assert cal["timing"] == "sustained" and set(cal["fitted"]) == {"power_scale", "gemm_scale", "conc_exp"}
+    assert cal["power_scale_from_clocks"]["mean_abs_log_error"] < cal["power_scale_from_clocks"][
+        "mean_abs_log_error_before"]
+    assert (root / cal["fitted_to"]).is_file() and (root / cal["concurrency_from"]).is_file()
+    base = json.loads(json.dumps(load_profile(cal["base"]).raw))
+    base["gemm"]["scale_by_ctas"] = gemm_concurrency_curve(read_measurements(root / cal["concurrency_from"])["gemm"])
+    expect = scaled_profile(base, **cal["params"])
+    assert prof["power"]["w_per_tflops"] == pytest.approx(expect["power"]["w_per_tflops"], rel=1e-9)
+    assert prof["power"]["w_per_tflops"] == pytest.approx(
+        base["power"]["w_per_tflops"] * cal["params"]["power_scale"], rel=1e-9)
+    assert prof["gemm"]["scale_by_ctas"] == pytest.approx(expect["gemm"]["scale_by_ctas"], rel=1e-9)
+    assert prof["gemm"]["per_sm_tflops_by_rows"] == pytest.approx(expect["gemm"]["per_sm_tflops_by_rows"], rel=1e-9)
+
+
 def test_shipped_power_profile_matches_its_measurements():
     """h200-megakernel-power's power section is what weave-sim calibrate makes of the committed measurements it
     names; the rest is the fit recorded in it (docs/results.md gives the command)."""
