@@ -298,11 +298,7 @@ def timed_as(data: dict, timing: str, path="the benchmark") -> dict:
             raise ValueError(f"{path}: result {r.get('model')}/{r.get('tokens_per_gpu')} has no sustained_ms "
                              "(benchmark with bench --sustained S to validate sustained timings)")
         passes = [p for runs in (r.get("sustained_gpu_state") or {}).values() for p in runs]  # [pass][rank]
-        ranks = max((len(p) for p in passes), default=0)
-        state = []
-        for g in range(ranks):
-            mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
-            state.append({"sm_mhz_median": float(np.median(mhz))} if mhz else None)
+        state = [None if m is None else {"sm_mhz_median": m} for m in _rank_clocks(passes, np.median)]
         out.append({**r, "latency_ms": dict(r["sustained_ms"]), "gpu_state": state or None, "timing": "sustained",
                     "policy_mhz": policy_clocks(r)})
     return {**data, "results": out}
@@ -312,14 +308,16 @@ def policy_clocks(r: dict) -> dict:
     """{policy: [per rank, the mean over its sustained passes of the median SM clock]} of one benchmark result
     (bench --sustained records each policy's passes apart; calibrate fits power_scale to these), None for a rank
     without samples."""
-    out = {}
-    for pol, passes in (r.get("sustained_gpu_state") or {}).items():
-        ranks = max((len(p) for p in passes), default=0)
-        per = []
-        for g in range(ranks):
-            mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
-            per.append(float(np.mean(mhz)) if mhz else None)
-        out[pol] = per
+    return {pol: _rank_clocks(passes, np.mean) for pol, passes in (r.get("sustained_gpu_state") or {}).items()}
+
+
+def _rank_clocks(passes: list, reduce) -> list:
+    """Per rank, `reduce` over the passes ([pass][rank] gpu_state summaries) of their median SM clock; None for a rank
+    without samples."""
+    out = []
+    for g in range(max((len(p) for p in passes), default=0)):
+        mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
+        out.append(float(reduce(mhz)) if mhz else None)
     return out
 
 
