@@ -53,6 +53,7 @@ __device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a) {
 // block, then row block (the megakernel's order), claimed from chunk ch's ticket; stored to C instead of pushed.
 struct CalibTiles {
   static constexpr bool kF8 = false;  // bf16 tiles (pipeline.cuh)
+  static constexpr bool kHalf = true;  // blocks of <= 64 rows as half tiles (pipeline.cuh)
   const CalibGemmArgs& a;
   uint32_t* ticket;
   int rb0, nrb, per_expert, total;
@@ -86,7 +87,7 @@ struct CalibTiles {
   __device__ __forceinline__ void epilogue(const TileDesc& d, const TileSlot&, const TileAcc& acc, uint8_t* staging) const {
     const int N = a.n;
     bf16* c = reinterpret_cast<bf16*>(a.c) + (static_cast<int64_t>(d.b.le) * a.rows_per_expert + d.b.row0) * N;
-    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, N,
+    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, N, is_half_tile(d.b.num_rows),
                      [&](int m, int col) { return c + static_cast<int64_t>(m) * N + col; });
   }
   __device__ __forceinline__ void tile_done(const TileDesc&, uint64_t, uint64_t) const {}

@@ -24,6 +24,7 @@
 // and broadcast, so the warpgroups never split at a named barrier. Framework-free.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "config.cuh"
 #include "gemm_common.cuh"
@@ -132,9 +133,10 @@ __device__ __forceinline__ void store_staged(const uint8_t* staging, int num_row
 // from the global peer_base array, indexed by the row's source rank) was a dependent global load ahead of every
 // 16-byte store, and the stores of a 32 KB half took about 1.5 us against 1.0 for GEMM0's (docs/kernel.md,
 // "A GEMM1 tile's stores").
+// half: the tile ran as a half tile (mma_stage_half).
 template <typename Dst>
 __device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* staging, int num_rows, int c0, int limit,
-                                                 Dst dst) {
+                                                 bool half, Dst dst) {
   using Row = decltype(dst(0, 0));
   static_assert(Config::kSmemStaging % alignof(Row) == 0 &&
                     Config::kSmemStaging + Config::kBlockM * sizeof(Row) <= Config::kSmemStage,
@@ -144,13 +146,13 @@ __device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* st
   if (ct < num_rows) row_dst[ct] = dst(ct, 0);  // num_rows <= kBlockM <= kConsumerThreads; the next barrier orders it
   TileOut out;
   pack_plain(acc, out);
-  stage_pairs<0>(out, staging);
+  stage_pairs<0>(out, staging, half);
   named_sync(kBarConsumers, Config::kConsumerThreads);
   store_staged(staging, num_rows, min(Config::kStageCols, limit - c0), [&](int m) { return row_dst[m] + c0; });
   named_sync(kBarConsumers, Config::kConsumerThreads);
   const int c1 = c0 + Config::kStageCols;
   if (c1 < limit) {
-    stage_pairs<32>(out, staging);
+    stage_pairs<32>(out, staging, half);
     named_sync(kBarConsumers, Config::kConsumerThreads);
     store_staged(staging, num_rows, min(Config::kStageCols, limit - c1), [&](int m) { return row_dst[m] + c1; });
     named_sync(kBarConsumers, Config::kConsumerThreads);
@@ -305,15 +307,30 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
       fence_acc(acc);
       scale_acc(acc, q);  // into the product's own units
     } else {
-      for (int k = 0; k < num_k; ++k, ++it) {
-        const int st = static_cast<int>(it % Config::kStages);
-        if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
-        fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
-        const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
-        const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-        mma_stage(acc, sa, sb);
-        wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
-        if (k > 0) release(it - 1);
+      // A block of at most 64 rows: half the MMAs (wgmma.cuh). Two copies of the k loop, chosen once per tile: a
+      // branch between the MMA forms inside one loop made ptxas serialise every wgmma (C7511).
+      auto k_loop = [&](auto half) {
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int st = static_cast<int>(it % Config::kStages);
+          if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+          fence_proxy_async_smem();  // A was written by cp.async (generic proxy); wgmma reads through the async proxy
+          const uint32_t stage = smem_base + st * Config::kSmemStage;
+          if constexpr (decltype(half)::value)  // both warpgroups read A rows [0, 64), each its own 64 + 64 B rows
+            mma_stage_half(acc, stage, stage + Config::kSmemA + cw * 64 * 128);
+          else
+            mma_stage(acc, stage + cw * 64 * 128, stage + Config::kSmemA);
+          wgmma_wait<1>();  // the MMAs of step k - 1 retired; those of step k keep running
+          if (k > 0) release(it - 1);
+        }
+      };
+      if constexpr (Tiles::kHalf) {
+        if (is_half_tile(d.b.num_rows)) {
+          k_loop(std::true_type{});
+        } else {
+          k_loop(std::false_type{});
+        }
+      } else {
+        k_loop(std::false_type{});
       }
       wgmma_wait<0>();
       fence_acc(acc);

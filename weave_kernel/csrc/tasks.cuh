@@ -210,6 +210,9 @@ __device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
 template <bool kShared, bool F8 = false>
 struct MoeTiles {
   static constexpr bool kF8 = F8;  // FP8 experts (pipeline.cuh's consumer loop, the epilogues below)
+  // half tiles for blocks of <= 64 rows (wgmma.cuh mma_stage_half): bf16 tiles of the kernel without the shared
+  // expert's code (with it, the second copy of the k loop made ptxas serialise every wgmma: C7511)
+  static constexpr bool kHalf = !F8 && !kShared;
   const Params& p;
   SharedLayout& s;
   const LayoutView& lv;
@@ -341,7 +344,7 @@ struct MoeTiles {
       bf16* h = reinterpret_cast<bf16*>(sh ? p.hs : p.h) + c0;
       TileOut out;
       pack_swiglu(acc, out);
-      stage_pairs<0>(out, staging);
+      stage_pairs<0>(out, staging, kHalf && is_half_tile(d.b.num_rows));  // such tiles ran as half tiles
       named_sync(kBarConsumers, Config::kConsumerThreads);
       store_staged(staging, d.b.num_rows, min(Config::kHalfN, I - c0),
                    [&](int m) { return h + static_cast<int64_t>(row0 + m) * I; });
@@ -351,7 +354,8 @@ struct MoeTiles {
     // static / weave: into the source's combine slot; sequential: over the receive row; shared expert: into ys
     bf16* rows = sh ? reinterpret_cast<bf16*>(p.ys) : sym<bf16>(p, p.rank, p.off_recv_x);
     const bool scatter = push && !sh;
-    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, H, [&](int m, int col) {
+    store_tile_plain(acc, staging, d.b.num_rows, d.col * Config::kBlockN, H, kHalf && is_half_tile(d.b.num_rows),
+                     [&](int m, int col) {
       return (scatter ? sym<bf16>(p, ts.psrc[m], p.off_comb) + static_cast<int64_t>(ts.pair[m]) * H
                       : rows + static_cast<int64_t>(row0 + m) * H) + col;
     });

@@ -60,6 +60,36 @@ __device__ __forceinline__ void mma_stage(TileAcc& acc, uint32_t sa, uint32_t sb
   wgmma_commit();
 }
 
+// wgmma m64n64k16, bf16 -> fp32, accumulating into d[0, 32) (half tiles, mma_stage_half).
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// Half tiles: a block of at most 64 rows (is_half_tile) needs only A rows [0, 64), so the two consumer warpgroups
+// split the columns instead of the rows. Warpgroup w computes tile columns [64 w, 64 w + 64) and [128 + 64 w,
+// 192 + 64 w) of rows [0, 64) (for GEMM0: the gate and up columns of the same 64 h columns), as 2 x m64n64k16 per
+// k16 step into the accumulators of columns [0, 64) and [128, 192), i.e. acc.d[0, 32) and acc.d[64, 96); the others
+// stay 0. Half the MMAs of a full tile, and none on the padding rows [64, 128). sa: A rows [0, 64); sb_w: B row 64 w
+// of the stage. The epilogues stage these accumulators with stage_pairs(..., half = true). The caller chooses
+// between this and mma_stage on a tile-uniform value (a branch that is not would serialise the wgmmas).
+__device__ __forceinline__ bool is_half_tile(int num_rows) { return num_rows <= Config::kBlockM / 2; }
+__device__ __forceinline__ void mma_stage_half(TileAcc& acc, uint32_t sa, uint32_t sb_w) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+    const uint64_t da = wgmma_desc_sw128(sa + kk * 32);
+    wgmma_m64n64k16(acc.d, da, wgmma_desc_sw128(sb_w + kk * 32));
+    wgmma_m64n64k16(acc.d + Config::kBlockN / 4, da,
+                    wgmma_desc_sw128(sb_w + Config::kHalfN * Config::kBlockK * 2 + kk * 32));
+  }
+  wgmma_commit();
+}
+
 // wgmma m64n256k32, e4m3 x e4m3 -> fp32, accumulating (FP8 experts). Both operands K-major from SW128 smem (FP8
 // takes no transpose bits); a 128-byte smem row holds 128 of K, so a stage is 4 of these.
 __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b) {
@@ -159,13 +189,17 @@ __device__ __forceinline__ void pack_swiglu(const TileAcc& acc, TileOut& out) {
   }
 }
 // Stage pairs [kFirst, kFirst + 32) (tile columns [4 kFirst, 4 kFirst + 128)) as bf16 [BM][kStageCols].
+// half (a half tile, mma_stage_half): only pairs [kFirst, kFirst + 16) hold outputs; warpgroup w's are rows
+// [0, 64) and staging columns [64 w, 64 w + 64).
 template <int kFirst>
-__device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging) {
+__device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging, bool half) {
   constexpr int kPairs = Config::kStageCols / 4;  // 32 pairs of a thread cover 128 tile columns
-  uint8_t* base = staging + staging_offset(acc_row(0), acc_col(0));
+  const int shift = half ? 64 * ((static_cast<int>(threadIdx.x) - Config::kProducerThreads) / 128) : 0;
+  uint8_t* base = staging + staging_offset(acc_row(0) - shift, acc_col(0) + shift);
 #pragma unroll
   for (int j = kFirst; j < kFirst + kPairs; ++j)  // pair j: row + 8 (j & 1), column 8 (j / 2) (acc_row / acc_col)
-    *reinterpret_cast<uint32_t*>(base + (j & 1) * 8 * Config::kStagingRow + ((j - kFirst) >> 1) * 16) = out.v[j];
+    if (!half || j < kFirst + kPairs / 2)
+      *reinterpret_cast<uint32_t*>(base + (j & 1) * 8 * Config::kStagingRow + ((j - kFirst) >> 1) * 16) = out.v[j];
 }
 
 // FP8 GEMM0 epilogue: SwiGLU of the thread's 32 gate / up pairs (already in the product's units), then e4m3 with one
