@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from weave_sim.placement import contiguous, expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
-from weave_sim.validate import KERNEL_DECIDERS, KERNEL_LAYOUT, config_label  # the layout and deciders of this kernel
+from weave_sim.validate import KERNEL_DECIDERS, config_label, kernel_layout_for  # the layouts and deciders of this kernel
 from weave_sim.workload import expert_bytes
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
@@ -283,7 +283,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     x = torch.randn(n, H, device=dev).to(torch.bfloat16)
     ids_d, w_d = torch.as_tensor(ids, device=dev), torch.as_tensor(w, device=dev)
     owner, local_idx = torch.as_tensor(placement.owner), torch.as_tensor(placement.local_index())
-    res = {"kernel_layout": KERNEL_LAYOUT, "kernel_deciders": KERNEL_DECIDERS, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
+    res = {"kernel_deciders": KERNEL_DECIDERS, "model": model.name, "tokens_per_gpu": n, "gpus": world, "experts": model.num_experts,
            "local_experts": model.num_experts // world, "top_k": model.top_k, "hidden": H, "inter": I,
            "num_ctas": layer.num_ctas, "latency_ms": {}, "timing_order": args.order}
     if moe_layer is not None:
@@ -300,6 +300,7 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
 
     rw13, rw2 = layer.ref_w if getattr(layer, "ref_w", None) is not None else (w13, w2)
     res["expert_dtype"] = "fp8" if layer.fp8 else "bf16"
+    res["kernel_layout"] = kernel_layout_for(res["expert_dtype"], shared=sw is not None)
     y_ref = ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw_ref)
     fns = {"reference": lambda: ep_moe_reference(x, ids_d, w_d, rw13, rw2, owner, local_idx, shared=sw_ref)}
     policies = ([] if args.no_sequential else ["sequential"]) + [f"static:{c}" for c in args.comm if c < layer.num_ctas]

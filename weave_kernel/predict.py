@@ -39,7 +39,7 @@ from weave_sim.placement import expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.profile import load_profile
 from weave_sim.traces import DEFAULT_TRACE, load_trace
-from weave_sim.validate import KERNEL_LAYOUT, KERNEL_LAYOUTS, config_label
+from weave_sim.validate import KERNEL_LAYOUTS, config_label, kernel_layout_for
 from weave_sim.workload import layer_workload, workload_from_counts
 
 from .choice import counts_from_routing
@@ -86,7 +86,7 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     counts, all_ids, pl = config_counts(model, world, tokens, seed, spec, layer, placement)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
-    opts = {**KERNEL_LAYOUTS[KERNEL_LAYOUT], **({"shared": shared} if shared != "off" else {}),
+    opts = {**KERNEL_LAYOUTS[kernel_layout_for("fp8" if fp8 > 0 else "bf16", shared != "off")], **({"shared": shared} if shared != "off" else {}),
             **({"expert_dtype": "fp8"} if fp8 > 0 else {})}
     ms = {}
     for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(["weave-nosteal"] if nosteal else []),

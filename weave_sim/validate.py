@@ -187,13 +187,25 @@ TRACE_POLICIES = ("weave",)
 # whole block, and every tile computes all 128 rows; its dispatch is modelled transfer by transfer as the kernel
 # sends it (the 'piece' order: one transfer per (source, expert, owner row block); since 2026-12-01, before
 # that 'expert' with 128-row transfers cut across experts). A benchmark result names its layout in
-# "kernel_layout"; results without it come from the first kernel.
+# "kernel_layout"; results without it come from the first kernel. "expert-packed-half" (since sources
+# eb48d782, 2026-12-03): the same, but a block of at most 64 rows runs as a half tile (csrc/wgmma.cuh
+# mma_stage_half), so its MMAs cost 64 rows; bf16 layers without the fused shared expert only (the kernel
+# instances with the shared expert's code or FP8 tiles compute every block in full: kernel_layout_for).
 KERNEL_LAYOUTS = {
     "segment-padded": {"dispatch_order": "expert", "segment_pad_rows": 64},
     "expert-packed": {"dispatch_order": "piece", "expert_pad_rows": 128},
+    "expert-packed-half": {"dispatch_order": "piece", "expert_pad_rows": 64},
 }
-KERNEL_LAYOUT = "expert-packed"
+KERNEL_LAYOUT = "expert-packed-half"  # this kernel's, for bf16 layers without a fused shared expert
 KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
+
+
+def kernel_layout_for(expert_dtype: str = "bf16", shared: bool = False) -> str:
+    """The layout this kernel computes a layer in: half tiles only in its bf16 instance without the shared
+    expert's code (csrc/tasks.cuh MoeTiles::kHalf), "expert-packed" in the other three."""
+    if expert_dtype not in ("bf16", "fp8"):
+        raise ValueError(f"expert_dtype must be 'bf16' or 'fp8', got {expert_dtype!r}")
+    return "expert-packed" if expert_dtype == "fp8" or shared else KERNEL_LAYOUT
 
 
 # Which CTAs make weave's in-kernel choice (engine option kernel_deciders). "table" (the kernel now, since

@@ -30,7 +30,7 @@ from weave_sim import costmodel as cm
 from weave_sim.engine import simulate_layer
 from weave_sim.presets import get_model
 from weave_sim.profile import load_profile
-from weave_sim.validate import KERNEL_LAYOUT, KERNEL_LAYOUTS
+from weave_sim.validate import KERNEL_LAYOUTS, kernel_layout_for
 from weave_sim.workload import workload_from_counts
 
 MODELS = ("deepseek-v2-lite", "deepseek-v2", "qwen3.5-35b-a3b", "deepseek-v3")
@@ -45,7 +45,7 @@ def shared_choice(model_name: str, world: int, tokens: int, profile_name: str, s
     counts, _, pl = config_counts(model, world, tokens, seed)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
-    base = KERNEL_LAYOUTS[KERNEL_LAYOUT]
+    base = KERNEL_LAYOUTS[kernel_layout_for(shared=shared != "off")]
     opts = {**base, **({"shared": shared} if shared != "off" else {})}
 
     def sim(policy, o=opts):

@@ -229,7 +229,7 @@ def test_a_smaller_grid_is_simulated_on_that_many_sms(tmp_path):
     assert profile_for_result(r, PROFILE) is PROFILE and profile_for_result({**r, "num_ctas": PROFILE.num_sms}, PROFILE) is PROFILE
     small = profile_for_result({**r, "num_ctas": 32}, PROFILE)
     assert small.num_sms == 32 and small.name == PROFILE.name
-    assert validate_result({**r, "num_ctas": 32}, PROFILE).predicted_ms["static:8"] > 1.1 * full
+    assert validate_result({**r, "num_ctas": 32}, PROFILE).predicted_ms["static:8"] > 1.05 * full  # 1.09x with half tiles (1.1x before)
     with pytest.raises(ValueError, match="num_ctas"):
         validate_result({**r, "num_ctas": PROFILE.num_sms + 1}, PROFILE)
 

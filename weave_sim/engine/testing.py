@@ -75,18 +75,19 @@ def simulated_bench_file(path, profile: HardwareProfile, hidden: int, inter: int
     from pathlib import Path
 
     from ..profile import fp8_profile
-    from ..validate import KERNEL_LAYOUT, KERNEL_OPTIONS, sim_policy
+    from ..validate import KERNEL_LAYOUTS, kernel_layout_for, sim_policy
     from .run import simulate_layer
 
     model = ModelPreset("m", hidden, inter, 8, 2, 0, 1)
     ids = np.argsort(np.random.default_rng(seed).random((2 * tokens, 8)), axis=1)[:, :2]
     w = pairs_dispatched(layer_workload(ids, model, contiguous(8, 2)))  # the kernel's counts are pair-based
     fp8 = expert_dtype == "fp8"
-    opts = {**KERNEL_OPTIONS, **({"expert_dtype": "fp8"} if fp8 else {})}
+    layout = kernel_layout_for(expert_dtype)
+    opts = {**KERNEL_LAYOUTS[layout], **({"expert_dtype": "fp8"} if fp8 else {})}
     prof = fp8_profile(profile) if fp8 else profile
     lat = {p: simulate_layer(w, prof, sim_policy(p), **opts).latency_ns / 1e6 for p in policies}
     Path(path).write_text(json.dumps({"results": [{
-        "kernel_layout": KERNEL_LAYOUT, "model": "m", "tokens_per_gpu": tokens, "gpus": 2, "experts": 8, "top_k": 2,
+        "kernel_layout": layout, "model": "m", "tokens_per_gpu": tokens, "gpus": 2, "experts": 8, "top_k": 2,
         "hidden": hidden, "inter": inter, "latency_ms": lat, **({"expert_dtype": "fp8"} if fp8 else {}),
         "counts": {"source_expert_pairs": w.pair_counts.sum(axis=1).tolist(), "dispatch_rows": w.dispatch_rows.tolist(),
                    "tokens_per_gpu": [tokens, tokens]}}]}))
