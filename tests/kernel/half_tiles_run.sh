@@ -7,6 +7,8 @@
 # (docs/kernel.md "Half tiles at the power cap"). The patched copy is built under its own name; on it gpu_worker
 # --quick, virtual ranks G = 2, 4, fp8_worker (device_env.sh quick_tests) and compute-sanitizer memcheck; then bench --ab-csrc (A = the tree, B = the patch)
 # with --ab-sustained 1.0 on the six models at 2048 and 4096 tokens. Logs in $OUT/half_tiles.
+# Ran on 2026-12-03 (docs/results/half_tiles_power/v2/) and the patch is the kernel since: this script applies to
+# the tree of commit be4f920 (sources e47fbc11) only, and stops with "patch failed" on later ones.
 source tests/kernel/device_env.sh
 R=$OUT/half_tiles; mkdir -p $R
 P=/tmp/half_tiles_csrc; rm -rf $P; cp -r weave_kernel/csrc $P
