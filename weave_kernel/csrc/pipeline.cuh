@@ -6,8 +6,9 @@
 //             all 128 threads with cp.async (8 threads per 128-byte row: coalesced; rows past the block's end
 //             zero-filled), each thread's completion counted on the stage's "full" mbarrier; B (the weights) as
 //             two TMA boxes armed by thread 0 on the same barrier.
-//   consumers warpgroups 1-2 (64 tile rows each). Wait for a slot, then per k-step wait for the stage, issue
-//             4 wgmma, keep one group in flight and hand the previous stage back through its "empty" mbarrier;
+//   consumers warpgroups 1-2 (64 tile rows each; in a half tile, a block of at most 64 rows, both take rows
+//             [0, 64) and half the columns each: wgmma.cuh mma_stage_half). Wait for a slot, then per k-step wait
+//             for the stage, issue its wgmmas (4, or 8 of half the width), keep one group in flight and hand the previous stage back through its "empty" mbarrier;
 //             then the epilogue (Tiles::epilogue: outputs staged as bf16 in the tile's last stage, which the
 //             consumers keep until then, and copied out in 16-byte stores) and the tile's signal
 //             (Tiles::tile_done); the last stage and the slot go back to the producer.
