@@ -393,6 +393,59 @@ def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None
     return prof
 
 
+def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name: str | None = None,
+                    timing: str = "bench", workers: int = 1, iters: int = 10, log=print) -> dict:
+    """An existing profile with gemm.half_tile_cost (what a half tile costs as a fraction of a whole one) fitted to
+    the results of `bench_path` that ran half tiles (kernel_layout "expert-packed-half"), by golden section on
+    [0.5, 1] of fit_error (mean |log(predicted / measured)| over their kernel policies); written to out_path,
+    everything else unchanged. timing: 'bench' or 'sustained' (validate.timed_as). Its version gains "+half"."""
+    from .validate import bench_results, timed_as
+
+    src = load_profile(profile)
+    bench = timed_as(read_json(bench_path, "kernel benchmark", CalibrationError), timing, bench_path)
+    results = [r for r in bench_results(bench) if r.get("kernel_layout") == "expert-packed-half"]
+    if not results:
+        raise CalibrationError(f"{bench_path}: no result ran half tiles (kernel_layout 'expert-packed-half'; bench "
+                               "records it since sources eb48d782)")
+    bench = {**bench, "results": results}
+    prof = json.loads(json.dumps(src.raw))
+    old = float(prof["gemm"].get("half_tile_cost", 0.5))
+    workers = min((os.cpu_count() or 1) if workers == 0 else max(1, workers), len(results))
+    pool = FitPool(bench, workers) if workers > 1 else None
+
+    def err(v: float) -> float:
+        prof["gemm"]["half_tile_cost"] = float(v)
+        return fit_error(bench, prof, None, pool)[0]
+
+    try:
+        before, points = fit_error(bench, {**prof, "gemm": {**prof["gemm"], "half_tile_cost": old}}, None, pool)
+        at_mma = err(0.5)
+        best, e = _golden(err, 0.5, 1.0, iters)
+        for edge in (0.5, 1.0):  # golden section never evaluates the ends
+            if (ee := err(edge)) < e:
+                best, e = edge, ee
+    finally:
+        if pool is not None:
+            pool.close()
+    prof["gemm"]["half_tile_cost"] = round(float(best), 4)
+    log(f"half_tile_cost {prof['gemm']['half_tile_cost']:g} over {points} points: mean |log error| {e:.4f} "
+        f"(MMAs only, 0.5: {at_mma:.4f}; before, {old:g}: {before:.4f})")
+    if name:
+        prof["name"] = name
+    version = str(prof.get("version", "?"))
+    prof["version"] = version if version.endswith("+half") else version + "+half"
+    prof["source"] = (prof.get("source", "") + f" Half tiles cost {prof['gemm']['half_tile_cost']:g} of a whole "
+                      f"tile: fitted to {points} measured points (weave-sim calibrate --half-tiles).")
+    prof["calibration"] = {**(prof.get("calibration") or {}), "half_tile_from": {
+        "bench": str(bench_path), "timing": timing, "configs": len(results), "points": points,
+        "half_tile_cost": prof["gemm"]["half_tile_cost"], "mean_abs_log_error": e,
+        "mean_abs_log_error_at_0.5": at_mma, "previous": old, "mean_abs_log_error_before": before}}
+    profile_from_dict(prof, origin="profile with fitted half tiles")  # validates
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(prof, indent=1))
+    return prof
+
+
 def _add_note(section: dict, note: str) -> None:
     """Append `note` to section["note"] once (a base that already carries it keeps one copy)."""
     if note not in section.get("note", ""):

@@ -161,10 +161,21 @@ def cmd_timeline_stats(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import amend_decision, calibrate_file, fit_profile
 
-    if args.timing != "bench" and args.fit is None and args.fp8 is None:
-        raise ValueError("--timing applies to fits of kernel benchmarks: --fit BENCH.json or --fp8 BF16.json:FP8.json")
+    if args.timing != "bench" and args.fit is None and args.fp8 is None and args.half_tiles is None:
+        raise ValueError("--timing applies to fits of kernel benchmarks: --fit BENCH.json, --fp8 BF16.json:FP8.json "
+                         "or --half-tiles BENCH.json")
     if args.fp8 is not None and args.amend is None:
         raise ValueError("--fp8 fits the FP8 tile factor of an existing profile: give it with --amend PROFILE")
+    if args.half_tiles is not None:
+        if args.amend is None or args.measurements is not None or args.fit is not None or args.fp8 or args.decision:
+            raise ValueError("--half-tiles BENCH.json fits the half tiles' cost of an existing profile: give it with "
+                             "--amend PROFILE alone (no measurements file, --fit, --fp8 or --decision)")
+        from .calibrate import amend_half_tile
+
+        prof = amend_half_tile(args.amend, args.half_tiles, args.output, name=args.name, timing=args.timing,
+                               workers=args.workers)
+        print(f"wrote profile {prof['name']} version {prof['version']} to {args.output}")
+        return 0
     if args.amend is not None:
         if (args.measurements is not None or args.fit is not None or args.piece_cost
                 or bool(args.decision) == bool(args.fp8)):
@@ -294,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks of the same configurations with bf16 and with FP8 experts, run the same way: the "
                         "factor at which the simulated FP8 gain t(bf16) / t(FP8) matches the measured one at the median "
                         "(weave_sim/fp8fit.py)")
+    p.add_argument("--half-tiles", type=Path, default=None, metavar="BENCH.json",
+                   help="with --amend: fit what a half tile costs as a fraction of a whole one (gemm.half_tile_cost, "
+                        "0.5 to 1) to the results of this kernel benchmark that ran half tiles (kernel_layout "
+                        "expert-packed-half); --timing sustained fits its sustained times")
     p.add_argument("--fp8-fixed-scale", type=float, default=1.0,
                    help="with --fp8: the factor on a tile's fixed cost (gemm.k_fixed) for FP8 tiles (default 1: it "
                         "does not speed up with the MMAs)")

@@ -111,6 +111,10 @@ class HardwareProfile:
     # pipeline fill, epilogue), and the K the GEMM curve was measured at; share 0 = time proportional to FLOPs.
     gemm_k_fixed_share: float = 0.0
     gemm_k_cal: float = 0.0
+    # Optional (gemm.half_tile_cost): what a half tile (a block of at most tile_rows / 2 rows that skips the MMAs of
+    # its padding rows: the kernel layout "expert-packed-half") costs, as a fraction of a whole tile. 0.5 = its MMAs
+    # only; more where it still streams a whole tile's weight stages (calibrate --amend P --half-tiles BENCH fits it).
+    gemm_half_tile_cost: float = 0.5
 
     # --- curves -------------------------------------------------------------------------------
     def bandwidth_gbs(self, num_comm_ctas) -> np.ndarray:
@@ -198,6 +202,8 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         need(isinstance(kf, dict) and {"share", "k"} <= set(kf), "gemm.k_fixed needs 'share' and 'k'")
         k_share, k_cal = float(kf["share"]), float(kf["k"])
         need(0.0 <= k_share < 1.0 and k_cal > 0, "gemm.k_fixed: share must lie in [0, 1) and k be > 0")
+    half_cost = float(gm.get("half_tile_cost", 0.5))
+    need(0.0 < half_cost <= 1.0, "gemm.half_tile_cost must lie in (0, 1]")
     eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
@@ -226,6 +232,7 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
         hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, power=power,
         raw=data, gemm_scale_ctas=scale_ctas, gemm_scale=scale, gemm_k_fixed_share=k_share, gemm_k_cal=k_cal,
+        gemm_half_tile_cost=half_cost,
     )
 
 

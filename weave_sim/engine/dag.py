@@ -365,6 +365,12 @@ def build_graph(w: LayerWorkload, profile: HardwareProfile, plan: Plan, *, tile_
     geo = [_gpu_rows(w, g, ring[g], tile_rows, cr, dispatch_order, pad_rows, segment_pad_rows is not None,
                      None if chunk_starts is None else [chunk_starts[ring[g][j]][g] for j in range(G)])
            for g in range(G)]
+    if expert_pad_rows is not None and 2 * expert_pad_rows == tile_rows and profile.gemm_half_tile_cost != 0.5:
+        # half tiles (the layout "expert-packed-half"): a block of at most half a tile costs the profile's share of
+        # a whole tile (gemm.half_tile_cost; 0.5, its MMAs only, is what the rounding above already charged)
+        for x in geo:
+            x["cost_rows"] = np.where(x["rows"] <= expert_pad_rows, profile.gemm_half_tile_cost * tile_rows,
+                                      x["cost_rows"])
     rb_gpu = np.concatenate([np.full(x["rows"].size, g) for g, x in enumerate(geo)])
     arrived = b.add(K_BARRIER, rb_gpu)
     b.edges(known[rb_gpu], arrived)
