@@ -15,9 +15,11 @@ Variants (--variant):
             h200-megakernel-power): what a more frugal tile is worth where the board's power cap holds the clock.
   pad:R     a row block's MMAs cost its rows rounded up to R (a divisor of 128) instead of the whole 128-row block:
             what tiles that skip the MMAs of their padding rows would be worth (e.g. pad:64, a partial block of
-            <= 64 rows at half a tile). An upper bound: the engine charges a tile max(MMA time, its share of
-            HBM time), not the L2 bytes of its weight stages. Measured (docs/kernel.md, "Half tiles"): pad:64
-            predicted 1.05x, the kernel built that way gained at most 1%.
+            <= 64 rows at the profile's gemm.half_tile_cost of a whole tile, 0.5 unless fitted). The kernel
+            runs half tiles since sources eb48d782 (layout "expert-packed-half"; pad:64 changes nothing on its
+            results). At 0.5 pad:64 predicted 1.04-1.09x; measured 1.02-1.03x, and the profiles fitted to that
+            kernel price a half tile at 0.86 (sustained) to 0.98 (bench-style) of a whole one (docs/results.md
+            "Half tiles").
   nosteal   weave's split without bubble stealing (policy weave-nosteal, built): the comm CTAs idle after their
             dispatch. A gain above 1 says the simulator expects stealing to cost; its profiles have no stealing
             slowdown at the power cap beyond what a power model's clock gives (docs/kernel.md).
