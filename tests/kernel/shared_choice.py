@@ -61,7 +61,8 @@ def shared_choice(model_name: str, world: int, tokens: int, profile_name: str, s
     return {"model": model_name, "gpus": world, "tokens_per_gpu": tokens, "profile": profile_name, "shared": shared,
             "inter_shared": model.shared_ffn_size, "c_star": c_star, "c_shared": c_shared, "best_c": best_c,
             "weave_ms": a, "oracle_ms": b, "weave_shared_choice_ms": c, "sweep_ms": {str(k): v for k, v in sweep.items()},
-            "weave_shared_off_ms": sim("kernel:weave", base),
+            # without the shared expert the kernel runs its other instance, with half tiles (kernel_layout_for)
+            "weave_shared_off_ms": sim("kernel:weave", KERNEL_LAYOUTS[kernel_layout_for()]),
             "regret": a / b - 1.0, "regret_shared_choice": c / b - 1.0}
 
 
