@@ -363,6 +363,22 @@ def _weave_policies(policies) -> list[str]:
     return [p for p in (policies or []) if str(p).split(":")[0].split("@")[0] in ("weave", "weave-nosteal")]
 
 
+def write_amended(prof: dict, out_path: Path, name: str | None, suffix: str, note: str, key: str, record,
+                  origin: str) -> dict:
+    """Finish an amended profile (--amend): rename it if asked, add `suffix` to its version once, append `note` to
+    its source, record `record` as calibration[key], validate it and write it to out_path. Returns it."""
+    if name:
+        prof["name"] = name
+    version = str(prof.get("version", "?"))
+    prof["version"] = version if version.endswith(suffix) else version + suffix
+    prof["source"] = prof.get("source", "") + note
+    prof["calibration"] = {**(prof.get("calibration") or {}), key: record}
+    profile_from_dict(prof, origin=origin)  # validates
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(prof, indent=1))
+    return prof
+
+
 def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None = None) -> dict:
     """An existing profile with fixed_ns.decision measured from `traces` (decision_from_traces), written to
     out_path; everything else unchanged. Refused for a profile fitted to weave latencies: the decision cost was
@@ -380,17 +396,10 @@ def amend_decision(profile: str | Path, traces, out_path: Path, name: str | None
     dec = decision_from_traces(traces)
     old = prof["fixed_ns"].get("decision")
     prof["fixed_ns"]["decision"] = int(round(dec["ns"]))
-    if name:
-        prof["name"] = name
-    version = str(prof.get("version", "?"))
-    prof["version"] = version if version.endswith("+decision") else version + "+decision"
-    prof["source"] = (prof.get("source", "") + f" Decision cost {int(round(dec['ns']))} ns (was {old}): median of "
-                      f"{dec['records']} measured choose records ({', '.join(dec['median_ns_by_trace'])}).")
-    prof["calibration"] = {**cal, "decision_from": dec}
-    profile_from_dict(prof, origin="profile with measured decision cost")  # validates
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(prof, indent=1))
-    return prof
+    return write_amended(prof, out_path, name, "+decision",
+                         f" Decision cost {int(round(dec['ns']))} ns (was {old}): median of {dec['records']} measured "
+                         f"choose records ({', '.join(dec['median_ns_by_trace'])}).",
+                         "decision_from", dec, "profile with measured decision cost")
 
 
 def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name: str | None = None,
@@ -430,20 +439,13 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     prof["gemm"]["half_tile_cost"] = round(float(best), 4)
     log(f"half_tile_cost {prof['gemm']['half_tile_cost']:g} over {points} points: mean |log error| {e:.4f} "
         f"(MMAs only, 0.5: {at_mma:.4f}; before, {old:g}: {before:.4f})")
-    if name:
-        prof["name"] = name
-    version = str(prof.get("version", "?"))
-    prof["version"] = version if version.endswith("+half") else version + "+half"
-    prof["source"] = (prof.get("source", "") + f" Half tiles cost {prof['gemm']['half_tile_cost']:g} of a whole "
-                      f"tile: fitted to {points} measured points (weave-sim calibrate --half-tiles).")
-    prof["calibration"] = {**(prof.get("calibration") or {}), "half_tile_from": {
-        "bench": str(bench_path), "timing": timing, "configs": len(results), "points": points,
-        "half_tile_cost": prof["gemm"]["half_tile_cost"], "mean_abs_log_error": e,
-        "mean_abs_log_error_at_0.5": at_mma, "previous": old, "mean_abs_log_error_before": before}}
-    profile_from_dict(prof, origin="profile with fitted half tiles")  # validates
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(prof, indent=1))
-    return prof
+    fit = {"bench": str(bench_path), "timing": timing, "configs": len(results), "points": points,
+           "half_tile_cost": prof["gemm"]["half_tile_cost"], "mean_abs_log_error": e,
+           "mean_abs_log_error_at_0.5": at_mma, "previous": old, "mean_abs_log_error_before": before}
+    return write_amended(prof, out_path, name, "+half",
+                         f" Half tiles cost {prof['gemm']['half_tile_cost']:g} of a whole tile: fitted to {points} "
+                         "measured points (weave-sim calibrate --half-tiles).",
+                         "half_tile_from", fit, "profile with fitted half tiles")
 
 
 def _add_note(section: dict, note: str) -> None:

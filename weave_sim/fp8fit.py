@@ -182,15 +182,10 @@ def amend_fp8(profile: str | Path, pairs, out_path: Path, name: str | None = Non
     if fit["fixed_scale"] is not None:
         prof["gemm"]["fp8_fixed_scale"] = fit["fixed_scale"]
         fixed = f", their fixed cost x{fit['fixed_scale']:g}"
-    if name:
-        prof["name"] = name
-    version = str(prof.get("version", "?"))
-    prof["version"] = version if version.endswith("+fp8") else version + "+fp8"
-    prof["source"] = (prof.get("source", "") + f" FP8 tiles x{fit['scale']:g}{fixed}:"
-                      f" the median FP8 gain of {fit['points']} measured (configuration, policy) points "
-                      f"(weave-sim calibrate --fp8).")
-    prof["calibration"] = {**(prof.get("calibration") or {}), "fp8_from": fit}
-    fp8_profile(profile_from_dict(prof, origin="profile with fitted FP8 tiles"))  # validates both forms
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(prof, indent=1))
-    return prof
+    from .calibrate import write_amended
+
+    fp8_profile(profile_from_dict({**prof, "name": name or prof["name"]}, origin="profile with fitted FP8 tiles"))
+    return write_amended(prof, out_path, name, "+fp8",
+                         f" FP8 tiles x{fit['scale']:g}{fixed}: the median FP8 gain of {fit['points']} measured "
+                         "(configuration, policy) points (weave-sim calibrate --fp8).",
+                         "fp8_from", fit, "profile with fitted FP8 tiles")
