@@ -86,7 +86,8 @@ def predict_config(model_name: str, world: int, tokens: int, profile_name: str, 
     counts, all_ids, pl = config_counts(model, world, tokens, seed, spec, layer, placement)
     w = workload_from_counts(counts["source_expert_pairs"], counts["dispatch_rows"], model, pl,
                              counts["tokens_per_gpu"])
-    opts = {**KERNEL_LAYOUTS[kernel_layout_for("fp8" if fp8 > 0 else "bf16", shared != "off")], **({"shared": shared} if shared != "off" else {}),
+    layout = kernel_layout_for("fp8" if fp8 > 0 else "bf16", shared != "off")
+    opts = {**KERNEL_LAYOUTS[layout], **({"shared": shared} if shared != "off" else {}),
             **({"expert_dtype": "fp8"} if fp8 > 0 else {})}
     ms = {}
     for pol in ["sequential", *(f"static:{c}" for c in static_grid), "weave", *(["weave-nosteal"] if nosteal else []),

@@ -42,7 +42,7 @@ def test_half_tile_cost_does_not_touch_the_full_layout():
         simulate_layer(_LAYER, load_profile(), "kernel:static:8", **full).latency_ns
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, "0.7", None])
 def test_a_half_tile_cost_outside_0_1_is_refused(bad):
     raw = json.loads(json.dumps(load_profile().raw))
     raw["gemm"]["half_tile_cost"] = bad
