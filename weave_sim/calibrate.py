@@ -422,17 +422,21 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     workers = min((os.cpu_count() or 1) if workers == 0 else max(1, workers), len(results))
     pool = FitPool(bench, workers) if workers > 1 else None
 
+    seen: dict[float, tuple[float, int]] = {}  # half_tile_cost -> (fit_error, points): each value simulated once
+
     def err(v: float) -> float:
-        prof["gemm"]["half_tile_cost"] = float(v)
-        return fit_error(bench, prof, None, pool)[0]
+        if float(v) not in seen:
+            cand = {**prof, "gemm": {**prof["gemm"], "half_tile_cost": float(v)}}
+            seen[float(v)] = fit_error(bench, cand, None, pool)
+        return seen[float(v)][0]
 
     try:
-        before, points = fit_error(bench, {**prof, "gemm": {**prof["gemm"], "half_tile_cost": old}}, None, pool)
-        at_mma = err(0.5)
+        before, at_mma = err(old), err(0.5)
         best, e = _golden(err, 0.5, 1.0, iters)
         for edge in (0.5, 1.0):  # golden section never evaluates the ends
             if (ee := err(edge)) < e:
                 best, e = edge, ee
+        points = seen[float(old)][1]
     finally:
         if pool is not None:
             pool.close()

@@ -184,7 +184,7 @@ def amend_fp8(profile: str | Path, pairs, out_path: Path, name: str | None = Non
         fixed = f", their fixed cost x{fit['fixed_scale']:g}"
     from .calibrate import write_amended
 
-    fp8_profile(profile_from_dict({**prof, "name": name or prof["name"]}, origin="profile with fitted FP8 tiles"))
+    fp8_profile(profile_from_dict(prof, origin="profile with fitted FP8 tiles"))  # its FP8 form validates too
     return write_amended(prof, out_path, name, "+fp8",
                          f" FP8 tiles x{fit['scale']:g}{fixed}: the median FP8 gain of {fit['points']} measured "
                          "(configuration, policy) points (weave-sim calibrate --fp8).",

@@ -88,7 +88,8 @@ def test_cli_half_tiles_needs_amend(tmp_path, capsys):
     assert "--amend PROFILE" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["h200-megakernel-ep1", "h200-megakernel-power-ep1", "h200-megakernel-power-ep1-sustained"])
+@pytest.mark.parametrize("name", ["h200-megakernel-ep1", "h200-megakernel-power-ep1",
+                                  "h200-megakernel-power-ep1-sustained"])
 def test_shipped_ep1_profiles_carry_their_half_tile_fit(name):
     """The EP=1 profiles' half-tile cost was fitted (docs/results.md "Half tiles"): the value is the one recorded, the
     benchmark it was fitted to is in the repository and ran half tiles, and the fit beat MMAs only (0.5)."""
