@@ -189,23 +189,24 @@ TRACE_POLICIES = ("weave",)
 # that 'expert' with 128-row transfers cut across experts). A benchmark result names its layout in
 # "kernel_layout"; results without it come from the first kernel. "expert-packed-half" (since sources
 # eb48d782, 2026-12-03): the same, but a block of at most 64 rows runs as a half tile (csrc/wgmma.cuh
-# mma_stage_half), so its MMAs cost 64 rows; bf16 layers without the fused shared expert only (the kernel
-# instances with the shared expert's code or FP8 tiles compute every block in full: kernel_layout_for).
+# mma_stage_half), so its MMAs cost 64 rows; bf16 layers without the fused shared expert only until FP8 tiles got
+# them too (mma_stage_half_e4m3, 2026-12-03); the instances with the shared expert's code compute every block in
+# full (kernel_layout_for). FP8 results measured before that carry "expert-packed", as bench recorded it then.
 KERNEL_LAYOUTS = {
     "segment-padded": {"dispatch_order": "expert", "segment_pad_rows": 64},
     "expert-packed": {"dispatch_order": "piece", "expert_pad_rows": 128},
     "expert-packed-half": {"dispatch_order": "piece", "expert_pad_rows": 64},
 }
-KERNEL_LAYOUT = "expert-packed-half"  # this kernel's, for bf16 layers without a fused shared expert
+KERNEL_LAYOUT = "expert-packed-half"  # this kernel's, for layers without a fused shared expert
 KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
 
 
 def kernel_layout_for(expert_dtype: str = "bf16", shared: bool = False) -> str:
-    """The layout this kernel computes a layer in: half tiles only in its bf16 instance without the shared
-    expert's code (csrc/tasks.cuh MoeTiles::kHalf), "expert-packed" in the other three."""
+    """The layout this kernel computes a layer in: half tiles in its instances without the shared expert's code,
+    bf16 and FP8 (csrc/tasks.cuh MoeTiles::kHalf), "expert-packed" in the two with it."""
     if expert_dtype not in ("bf16", "fp8"):
         raise ValueError(f"expert_dtype must be 'bf16' or 'fp8', got {expert_dtype!r}")
-    return "expert-packed" if expert_dtype == "fp8" or shared else KERNEL_LAYOUT
+    return "expert-packed" if shared else KERNEL_LAYOUT
 
 
 # Which CTAs make weave's in-kernel choice (engine option kernel_deciders). "table" (the kernel now, since

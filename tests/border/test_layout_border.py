@@ -23,9 +23,10 @@ def test_pad_rows_are_the_kernels_tile_and_half_tile():
 
 
 def test_the_instances_with_half_tiles():
-    """MoeTiles::kHalf (tasks.cuh): bf16 tiles of the kernel without the shared expert's code, as kernel_layout_for."""
-    assert "static constexpr bool kHalf = !F8 && !kShared;" in (CSRC / "tasks.cuh").read_text()
+    """MoeTiles::kHalf (tasks.cuh): bf16 and FP8 tiles of the kernel without the shared expert's code, as
+    kernel_layout_for."""
+    assert "static constexpr bool kHalf = !kShared;" in (CSRC / "tasks.cuh").read_text()
     for fp8 in (False, True):
         for shared in (False, True):
-            half = not fp8 and not shared
+            half = not shared
             assert (kernel_layout_for("fp8" if fp8 else "bf16", shared) == "expert-packed-half") == half

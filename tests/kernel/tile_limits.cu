@@ -509,9 +509,7 @@ __global__ void __launch_bounds__(256, 1)
 constexpr int kWsThreads = 384;
 constexpr int ws_smem(int stages) { return stages * C::kSmemStage + 2 * stages * 8 + 1024; }
 
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
+// (named_sync: gemm_common.cuh's, through wgmma.cuh)
 
 // Mode 11's epilogue, in the shape the megakernel's warp-specialised branch used: the tile's last stage is held,
 // the accumulators go into it as bf16 (128 x 128 halves, 272-byte rows) and are copied out in 16-byte stores.

@@ -24,6 +24,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// Named barriers of the tile pipeline (0 is __syncthreads): the producer warpgroup, both consumer warpgroups, and
+// each consumer warpgroup alone (kBarConsumerWg0 + w).
+constexpr int kBarProducer = 1, kBarConsumers = 2, kBarConsumerWg0 = 3;
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_sync_consumers() { named_sync(kBarConsumers, Config::kConsumerThreads); }
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of smem row `row` (128-byte rows, XOR swizzle on row % 8).
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));

@@ -7,8 +7,9 @@
 //             zero-filled), each thread's completion counted on the stage's "full" mbarrier; B (the weights) as
 //             two TMA boxes armed by thread 0 on the same barrier.
 //   consumers warpgroups 1-2 (64 tile rows each; in a half tile, a block of at most 64 rows, both take rows
-//             [0, 64) and half the columns each: wgmma.cuh mma_stage_half). Wait for a slot, then per k-step wait
-//             for the stage, issue its wgmmas (4, or 8 of half the width), keep one group in flight and hand the previous stage back through its "empty" mbarrier;
+//             [0, 64) and half the columns each: wgmma.cuh mma_stage_half, mma_stage_half_e4m3). Wait for a slot,
+//             then per k-step wait for the stage, issue its wgmmas (4, or 8 of half the width), keep one group in
+//             flight (FP8: none, for the scales) and hand the previous stage back through its "empty" mbarrier;
 //             then the epilogue (Tiles::epilogue: outputs staged as bf16 in the tile's last stage, which the
 //             consumers keep until then, and copied out in 16-byte stores) and the tile's signal
 //             (Tiles::tile_done); the last stage and the slot go back to the producer.
@@ -78,13 +79,6 @@ static_assert((Config::kSmemSlotOffset + Config::kSlots * sizeof(TileSlot)) % al
               "PipeState alignment");
 static_assert(Config::kSlots * sizeof(TileSlot) + sizeof(PipeState) <= Config::kSmemCtrlBytes,
               "tile slots + pipeline state must fit Config::kSmemCtrlBytes");
-
-// Named barriers (0 is __syncthreads).
-constexpr int kBarProducer = 1, kBarConsumers = 2, kBarConsumerWg0 = 3;  // + 1: consumer warpgroup 1
-
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 __device__ __forceinline__ uint8_t* pipe_stage(uint8_t* smem, int s) { return smem + s * Config::kSmemStage; }
 __device__ __forceinline__ TileSlot* tile_slot(uint8_t* smem, int slot) {
@@ -278,32 +272,50 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
     if constexpr (Tiles::kF8) {
       // FP8: 128 of K per step, block scales by rescaling the accumulators (wgmma.cuh scale_acc), so each step
       // waits for the previous one's MMAs (the other warpgroup's run meanwhile). q: the accumulators' units.
-      // The stage's scales come with it (the producers' cp.async, counted on the full barrier).
-      const int m0 = acc_row(0);
+      // The stage's scales come with it (the producers' cp.async, counted on the full barrier). A half tile
+      // (mma_stage_half_e4m3) has both warpgroups on rows [0, 64): their rows' scales are those rows'.
       float q[4] = {1.f, 1.f, 1.f, 1.f};
-      for (int k = 0; k < num_k; ++k, ++it) {
-        const int st = static_cast<int>(it % Config::kStages);
-        if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
-        fence_proxy_async_smem();
-        float f[4];
-        {
-          const float a0 = ps->a_scale[st][m0], a1 = ps->a_scale[st][m0 + 8];
-          const float b0 = ps->b_scale[st][0], b1 = ps->b_scale[st][1];
-          const float nq[4] = {a0 * b0, a1 * b0, a0 * b1, a1 * b1};
+      auto k_loop = [&](auto half) {
+        const int m0 = acc_row(0) - (decltype(half)::value ? 64 * cw : 0);
+        for (int k = 0; k < num_k; ++k, ++it) {
+          const int st = static_cast<int>(it % Config::kStages);
+          if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+          fence_proxy_async_smem();
+          float f[4];
+          {
+            const float a0 = ps->a_scale[st][m0], a1 = ps->a_scale[st][m0 + 8];
+            const float b0 = ps->b_scale[st][0], b1 = ps->b_scale[st][1];
+            const float nq[4] = {a0 * b0, a1 * b0, a0 * b1, a1 * b1};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            f[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: its branch would serialise the wgmmas
-            q[j] = nq[j];
+            for (int j = 0; j < 4; ++j) {
+              f[j] = __fdividef(q[j], nq[j]);  // no IEEE slow path: its branch would serialise the wgmmas
+              q[j] = nq[j];
+            }
           }
+          const uint32_t stage = smem_base + st * Config::kSmemStage;
+          scale_acc<decltype(half)::value>(acc, f);
+          if constexpr (decltype(half)::value)
+            mma_stage_half_e4m3(acc, stage, stage + Config::kSmemA + cw * 64 * 128);
+          else
+            mma_stage_e4m3(acc, stage + cw * 64 * 128, stage + Config::kSmemA);
+          wgmma_wait<0>();
+          // (a half tile's accumulators pinned here: without it ptxas serialised every wgmma of the FP8 kernel,
+          // C7511; the full tile's loop is left as it was)
+          if constexpr (decltype(half)::value) fence_acc(acc);
+          // This step's MMAs are done and its scales were read before them: its stage goes back at once (all 4
+          // stages can then be loading while the consumers wait for the next), except the tile's last, kept for
+          // the epilogue.
+          if (k + 1 < num_k) release(it);
         }
-        const uint32_t sa = smem_base + st * Config::kSmemStage + cw * 64 * 128;
-        const uint32_t sb = smem_base + st * Config::kSmemStage + Config::kSmemA;
-        scale_acc(acc, f);
-        mma_stage_e4m3(acc, sa, sb);
-        wgmma_wait<0>();
-        // This step's MMAs are done and its scales were read before them: its stage goes back at once (all 4 stages
-        // can then be loading while the consumers wait for the next), except the tile's last, kept for the epilogue.
-        if (k + 1 < num_k) release(it);
+      };
+      if constexpr (Tiles::kHalf) {
+        if (is_half_tile(d.b.num_rows)) {
+          k_loop(std::true_type{});
+        } else {
+          k_loop(std::false_type{});
+        }
+      } else {
+        k_loop(std::false_type{});
       }
       fence_acc(acc);
       scale_acc(acc, q);  // into the product's own units

@@ -210,9 +210,10 @@ __device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
 template <bool kShared, bool F8 = false>
 struct MoeTiles {
   static constexpr bool kF8 = F8;  // FP8 experts (pipeline.cuh's consumer loop, the epilogues below)
-  // half tiles for blocks of <= 64 rows (wgmma.cuh mma_stage_half): bf16 tiles of the kernel without the shared
-  // expert's code (with it, the second copy of the k loop made ptxas serialise every wgmma: C7511)
-  static constexpr bool kHalf = !F8 && !kShared;
+  // half tiles for blocks of <= 64 rows (wgmma.cuh mma_stage_half, mma_stage_half_e4m3): bf16 and FP8 tiles of the
+  // kernel without the shared expert's code (with it, the second copy of the k loop made ptxas serialise every
+  // wgmma: C7511)
+  static constexpr bool kHalf = !kShared;
   const Params& p;
   SharedLayout& s;
   const LayoutView& lv;
@@ -333,8 +334,11 @@ struct MoeTiles {
       if constexpr (F8) {  // h in e4m3, one scale per (row, tile); the tile's 128 columns are one scale block
         uint8_t* h8 = reinterpret_cast<uint8_t*>(sh ? p.hs : p.h) + c0;
         const int hs = fp8_scale_stride(I);
+        static_assert(Config::kSmemStaging + 2 * 64 * sizeof(float) <= Config::kSmemStage,
+                      "a half tile's amax exchange fits the staging stage past the staged block");
         stage_swiglu_e4m3(acc, staging, (sh ? p.hs_scale : p.h_scale) + static_cast<int64_t>(row0) * hs + d.col, hs,
-                          d.b.num_rows);
+                          d.b.num_rows, kHalf && is_half_tile(d.b.num_rows),
+                          reinterpret_cast<float*>(staging + Config::kSmemStaging));
         named_sync(kBarConsumers, Config::kConsumerThreads);
         store_staged(staging, d.b.num_rows, Config::kHalfN / 2,  // 128 bytes = 64 "bf16" per row
                      [&](int m) { return reinterpret_cast<bf16*>(h8 + static_cast<int64_t>(row0 + m) * I); });

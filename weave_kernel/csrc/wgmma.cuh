@@ -110,15 +110,41 @@ __device__ __forceinline__ void mma_stage_e4m3(TileAcc& acc, uint32_t sa, uint32
   wgmma_commit();
 }
 
+// wgmma m64n64k32, e4m3 x e4m3 -> fp32, accumulating into d[0, 32) (FP8 half tiles, mma_stage_half_e4m3).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// One FP8 k step of a half tile: mma_stage_half's split (warpgroup w: rows [0, 64), tile columns [64 w, 64 w + 64)
+// and [128 + 64 w, 192 + 64 w), into acc.d[0, 32) and acc.d[64, 96)) with e4m3 operands, 128 of K per stage row.
+__device__ __forceinline__ void mma_stage_half_e4m3(TileAcc& acc, uint32_t sa, uint32_t sb_w) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t da = wgmma_desc_sw128(sa + kk * 32);
+    wgmma_m64n64k32_e4m3(acc.d, da, wgmma_desc_sw128(sb_w + kk * 32));
+    wgmma_m64n64k32_e4m3(acc.d + Config::kBlockN / 4, da, wgmma_desc_sw128(sb_w + Config::kHalfN * 128 + kk * 32));
+  }
+  wgmma_commit();
+}
+
 // FP8 block scales without a second accumulator set: the accumulators are kept in units of the current k step's
 // scale a(row, k) * b(column half, k). Before step k's MMAs they are multiplied by (previous scale / this one); the
 // epilogue multiplies by the last step's. f[2 * half + (row + 8)] are the four factors of a thread (its two rows
 // and the tile's two 128-column halves). The empty asm pins each product before the wgmma.fence that follows: a
 // multiply scheduled after the fence makes ptxas insert its own and serialise every wgmma
 // (tests/kernel/tile_limits.cu modes 17 and 18; docs/kernel.md "FP8 experts").
+// kHalf: a half tile's (mma_stage_half_e4m3): only acc.d[0, 32) and [64, 96) hold products, the rest stay 0.
+template <bool kHalf = false>
 __device__ __forceinline__ void scale_acc(TileAcc& acc, const float* f) {
 #pragma unroll
   for (int i = 0; i < Config::kBlockN / 2; ++i) {
+    if (kHalf && (i & 63) >= 32) continue;
     acc.d[i] *= f[2 * (i / 64) + ((i & 3) >> 1)];
     asm volatile("" : "+f"(acc.d[i])::"memory");
   }
@@ -208,29 +234,48 @@ __device__ __forceinline__ void stage_pairs(const TileOut& out, uint8_t* staging
 // fp32 ulp of it). The four threads of a quad hold a row's columns: their amax is
 // reduced by shuffles. Bytes go to the staging rows (byte column = h column), scales to scale[m * stride] for the
 // tile rows m < num_rows. A NaN input stays NaN (fmaxf skips it in the amax; the conversion keeps it).
+// half (a half tile, mma_stage_half_e4m3): a thread holds 16 pairs, h columns [64 w, 64 w + 64) of rows [0, 64) for
+// warpgroup w, so a row's amax is the larger of the two warpgroups': exchanged through xch (2 x 64 floats of shared
+// memory outside the staged block), with a consumer barrier between the writes and the reads. Warpgroup 0 writes the
+// scales.
 __device__ __forceinline__ void stage_swiglu_e4m3(const TileAcc& acc, uint8_t* staging, float* scale, int stride,
-                                                  int num_rows) {
+                                                  int num_rows, bool half, float* xch) {
   constexpr int kUp = Config::kBlockN / 4;  // accumulator offset of the up half
+  const int ct = static_cast<int>(threadIdx.x) - Config::kProducerThreads, cw = ct / 128;
   float h[kUp];
   float amax[2] = {0.f, 0.f};
 #pragma unroll
   for (int r = 0; r < kUp; ++r) {  // accumulator r: row + 8 ((r & 3) >> 1)
     h[r] = silu(acc.d[r]) * acc.d[r + kUp];
-    amax[(r & 3) >> 1] = fmaxf(amax[(r & 3) >> 1], fabsf(h[r]));
+    if (!half || r < kUp / 2) amax[(r & 3) >> 1] = fmaxf(amax[(r & 3) >> 1], fabsf(h[r]));
   }
-  float inv[2];
+  const int row = acc_row(0) - (half ? 64 * cw : 0);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
     amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
+  }
+  if (half) {
+    if ((threadIdx.x & 3) == 0) {
+      xch[cw * 64 + row] = amax[0];
+      xch[cw * 64 + row + 8] = amax[1];
+    }
+    named_sync_consumers();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) amax[i] = fmaxf(amax[i], xch[(1 - cw) * 64 + row + 8 * i]);
+  }
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
     const float s = fmaxf(amax[i] * (1.f / Config::kFp8Max), Config::kFp8ScaleFloor);
     inv[i] = __fdividef(1.f, s);  // (IEEE division or reciprocal: a slow-path call, and spills around it)
-    const int m = acc_row(0) + 8 * i;
-    if ((threadIdx.x & 3) == 0 && m < num_rows) scale[static_cast<int64_t>(m) * stride] = s;
+    const int m = row + 8 * i;
+    if ((threadIdx.x & 3) == 0 && m < num_rows && (!half || cw == 0)) scale[static_cast<int64_t>(m) * stride] = s;
   }
-  uint8_t* base = staging + acc_row(0) * Config::kStagingRow + ((threadIdx.x & 3) << 1);
+  uint8_t* base = staging + row * Config::kStagingRow + (half ? 64 * cw : 0) + ((threadIdx.x & 3) << 1);
 #pragma unroll
   for (int j = 0; j < kUp / 2; ++j) {  // pair j: accumulators 2j, 2j + 1: row + 8 (j & 1), columns 8 (j / 2) + 0, 1
+    if (half && j >= kUp / 4) break;
     const float2 v = make_float2(h[2 * j] * inv[j & 1], h[2 * j + 1] * inv[j & 1]);
     const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(base + (j & 1) * 8 * Config::kStagingRow + (j >> 1) * 8) = q;
