@@ -407,7 +407,9 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     """An existing profile with gemm.half_tile_cost (what a half tile costs as a fraction of a whole one) fitted to
     the results of `bench_path` that ran half tiles (kernel_layout "expert-packed-half"), by golden section on
     [0.5, 1] of fit_error (mean |log(predicted / measured)| over their kernel policies); written to out_path,
-    everything else unchanged. timing: 'bench' or 'sustained' (validate.timed_as). Its version gains "+half"."""
+    everything else unchanged. Results of FP8 experts fit gemm.fp8_half_tile_cost instead (what fp8_profile
+    applies to FP8 tiles; it starts from the bf16 value), and a file with both kinds is refused: bench runs one
+    kind per process. timing: 'bench' or 'sustained' (validate.timed_as). Its version gains "+half" ("+half8")."""
     from .validate import bench_results, timed_as
 
     src = load_profile(profile)
@@ -415,10 +417,16 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     results = [r for r in bench_results(bench) if r.get("kernel_layout") == "expert-packed-half"]
     if not results:
         raise CalibrationError(f"{bench_path}: no result ran half tiles (kernel_layout 'expert-packed-half'; bench "
-                               "records it since sources eb48d782)")
+                               "records it since sources eb48d782, for FP8 experts since 0f660e73)")
+    dtypes = {r.get("expert_dtype", "bf16") for r in results}
+    if len(dtypes) > 1:
+        raise CalibrationError(f"{bench_path}: half-tile results of both bf16 and FP8 experts; fit each kind from "
+                               "a file of its own")
+    fp8 = dtypes == {"fp8"}
+    key = "fp8_half_tile_cost" if fp8 else "half_tile_cost"
     bench = {**bench, "results": results}
     prof = json.loads(json.dumps(src.raw))
-    old = float(prof["gemm"].get("half_tile_cost", 0.5))
+    old = float(prof["gemm"].get(key, prof["gemm"].get("half_tile_cost", 0.5)))
     workers = min((os.cpu_count() or 1) if workers == 0 else max(1, workers), len(results))
     pool = FitPool(bench, workers) if workers > 1 else None
 
@@ -426,7 +434,7 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
 
     def err(v: float) -> float:
         if float(v) not in seen:
-            cand = {**prof, "gemm": {**prof["gemm"], "half_tile_cost": float(v)}}
+            cand = {**prof, "gemm": {**prof["gemm"], key: float(v)}}
             seen[float(v)] = fit_error(bench, cand, None, pool)
         return seen[float(v)][0]
 
@@ -440,16 +448,18 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     finally:
         if pool is not None:
             pool.close()
-    prof["gemm"]["half_tile_cost"] = round(float(best), 4)
-    log(f"half_tile_cost {prof['gemm']['half_tile_cost']:g} over {points} points: mean |log error| {e:.4f} "
+    prof["gemm"][key] = round(float(best), 4)
+    log(f"{key} {prof['gemm'][key]:g} over {points} points: mean |log error| {e:.4f} "
         f"(MMAs only, 0.5: {at_mma:.4f}; before, {old:g}: {before:.4f})")
     fit = {"bench": str(bench_path), "timing": timing, "configs": len(results), "points": points,
-           "half_tile_cost": prof["gemm"]["half_tile_cost"], "mean_abs_log_error": e,
+           key: prof["gemm"][key], "mean_abs_log_error": e,
            "mean_abs_log_error_at_0.5": at_mma, "previous": old, "mean_abs_log_error_before": before}
-    return write_amended(prof, out_path, name, "+half",
-                         f" Half tiles cost {prof['gemm']['half_tile_cost']:g} of a whole tile: fitted to {points} "
+    kind = "FP8 half tiles" if fp8 else "Half tiles"
+    return write_amended(prof, out_path, name, "+half8" if fp8 else "+half",
+                         f" {kind} cost {prof['gemm'][key]:g} of a whole tile: fitted to {points} "
                          "measured points (weave-sim calibrate --half-tiles).",
-                         "half_tile_from", fit, "profile with fitted half tiles")
+                         "fp8_half_tile_from" if fp8 else "half_tile_from", fit,
+                         "profile with fitted FP8 half tiles" if fp8 else "profile with fitted half tiles")
 
 
 def _add_note(section: dict, note: str) -> None:

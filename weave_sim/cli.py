@@ -308,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--half-tiles", type=Path, default=None, metavar="BENCH.json",
                    help="with --amend: fit what a half tile costs as a fraction of a whole one (gemm.half_tile_cost, "
                         "0.5 to 1) to the results of this kernel benchmark that ran half tiles (kernel_layout "
-                        "expert-packed-half); --timing sustained fits its sustained times")
+                        "expert-packed-half); results of FP8 experts fit gemm.fp8_half_tile_cost instead; "
+                        "--timing sustained fits its sustained times")
     p.add_argument("--fp8-fixed-scale", type=float, default=1.0,
                    help="with --fp8: the factor on a tile's fixed cost (gemm.k_fixed) for FP8 tiles (default 1: it "
                         "does not speed up with the MMAs)")

@@ -114,6 +114,7 @@ class HardwareProfile:
     # Optional (gemm.half_tile_cost): what a half tile (a block of at most tile_rows / 2 rows that skips the MMAs of
     # its padding rows: the kernel layout "expert-packed-half") costs, as a fraction of a whole tile. 0.5 = its MMAs
     # only; more where it still streams a whole tile's weight stages (calibrate --amend P --half-tiles BENCH fits it).
+    # FP8 tiles may have their own (gemm.fp8_half_tile_cost, which fp8_profile puts here; default: this one).
     gemm_half_tile_cost: float = 0.5
 
     # --- curves -------------------------------------------------------------------------------
@@ -206,6 +207,10 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     need(isinstance(half_cost, (int, float)) and not isinstance(half_cost, bool) and 0.0 < half_cost <= 1.0,
          "gemm.half_tile_cost must be a number in (0, 1]")
     half_cost = float(half_cost)
+    if "fp8_half_tile_cost" in gm:  # applied by fp8_profile
+        v = gm["fp8_half_tile_cost"]
+        need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0,
+             "gemm.fp8_half_tile_cost must be a number in (0, 1]")
     eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
@@ -272,8 +277,11 @@ def fp8_profile(profile: HardwareProfile, speedup: float | None = None,
     # the bf16 values, for table_profile (restored as they were, not divided back)
     gemm["fp8_applied"] = {"scale": s, "fixed_scale": sf, "per_sm_tflops_by_rows": dict(gemm["per_sm_tflops_by_rows"]),
                            "peak_tflops": gemm["peak_tflops"], "k_fixed": gemm.get("k_fixed"),
+                           "half_tile_cost": gemm.get("half_tile_cost"),
                            "w_per_tflops": raw["power"]["w_per_tflops"] if raw.get("power") else None}
     gemm["per_sm_tflops_by_rows"] = {k: v * s for k, v in gemm["per_sm_tflops_by_rows"].items()}
+    if "fp8_half_tile_cost" in gemm:  # an FP8 half tile's own share of a whole FP8 tile (calibrate --half-tiles)
+        gemm["half_tile_cost"] = gemm["fp8_half_tile_cost"]
     gemm["peak_tflops"] = 2.0 * gemm["peak_tflops"]
     if gemm.get("k_fixed") and sf != s:
         # A tile of K takes F / rate x (share k / K + 1 - share) (HardwareProfile.k_factor). With the rate x s, the
@@ -298,6 +306,11 @@ def table_profile(profile: HardwareProfile) -> HardwareProfile:
     gemm["peak_tflops"] = base["peak_tflops"]
     if base.get("k_fixed"):  # None for a profile without one (nothing was changed)
         gemm["k_fixed"] = base["k_fixed"]
+    if "half_tile_cost" in base:  # (profiles made by fp8_profile before it recorded this have none)
+        if base["half_tile_cost"] is None:
+            gemm.pop("half_tile_cost", None)
+        else:
+            gemm["half_tile_cost"] = base["half_tile_cost"]
     if raw.get("power"):
         raw["power"]["w_per_tflops"] = base["w_per_tflops"]
     return profile_from_dict(raw, origin=f"{profile.name} (its bf16 tiles)")

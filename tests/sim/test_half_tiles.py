@@ -102,3 +102,54 @@ def test_shipped_ep1_profiles_carry_their_half_tile_fit(name):
     bench = json.loads((Path(__file__).resolve().parents[2] / fit["bench"]).read_text())
     assert {r["kernel_layout"] for r in bench["results"]} == {"expert-packed-half"}
     assert {r["tokens_per_gpu"] for r in bench["results"]} == {2048, 8192}  # 4096 held out
+
+
+def _fp8_cost(raw: dict | None = None, **gemm) -> float:
+    from weave_sim.profile import fp8_profile, table_profile
+
+    raw = json.loads(json.dumps(raw or load_profile().raw))
+    raw["gemm"].update(gemm)
+    f8 = fp8_profile(profile_from_dict(raw))
+    assert table_profile(f8).gemm_half_tile_cost == profile_from_dict(raw).gemm_half_tile_cost  # bf16's back
+    return f8.gemm_half_tile_cost
+
+
+def test_fp8_tiles_take_their_own_half_tile_cost():
+    """gemm.fp8_half_tile_cost is what fp8_profile charges an FP8 half tile; without it FP8 takes the bf16 value;
+    the bf16 profile (and the cost table, table_profile) keeps its own."""
+    assert _fp8_cost() == 0.5
+    assert _fp8_cost(half_tile_cost=0.9) == 0.9
+    assert _fp8_cost(half_tile_cost=0.9, fp8_half_tile_cost=0.7) == 0.7
+    assert profile_from_dict({**load_profile().raw, "gemm": {**load_profile().raw["gemm"], "half_tile_cost": 0.9,
+                                                             "fp8_half_tile_cost": 0.7}}).gemm_half_tile_cost == 0.9
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, "0.7", True])
+def test_a_bad_fp8_half_tile_cost_is_refused(bad):
+    raw = json.loads(json.dumps(load_profile().raw))
+    raw["gemm"]["fp8_half_tile_cost"] = bad
+    with pytest.raises(ProfileError, match="fp8_half_tile_cost"):
+        profile_from_dict(raw)
+
+
+def test_amend_half_tile_on_fp8_results_fits_the_fp8_cost(tmp_path):
+    """FP8 results (bench --expert-dtype fp8, which records the half-tile layout since 0f660e73) fit
+    gemm.fp8_half_tile_cost and leave the bf16 one alone; a file with both kinds is refused."""
+    raw = json.loads(json.dumps(load_profile().raw))
+    raw["gemm"]["fp8_half_tile_cost"] = 0.8
+    bench = simulated_bench_file(tmp_path / "b8.json", profile_from_dict(raw), 2048, 1024, tokens=1024,
+                                 policies=("static:4", "static:24", "weave"), expert_dtype="fp8")
+    assert {r["kernel_layout"] for r in json.loads(bench.read_text())["results"]} == {"expert-packed-half"}
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(load_profile().raw))
+    prof = amend_half_tile(base, bench, tmp_path / "out.json", iters=6, log=lambda m: None)
+    fit = prof["calibration"]["fp8_half_tile_from"]
+    assert prof["gemm"]["fp8_half_tile_cost"] == fit["fp8_half_tile_cost"] and prof["version"].endswith("+half8")
+    assert fit["mean_abs_log_error"] <= min(fit["mean_abs_log_error_at_0.5"], fit["mean_abs_log_error_before"])
+    assert {k: v for k, v in prof["gemm"].items() if k != "fp8_half_tile_cost"} == load_profile().raw["gemm"]
+    b16 = simulated_bench_file(tmp_path / "b16.json", load_profile(), 2048, 1024, tokens=1024, policies=("weave",))
+    both = json.loads(bench.read_text())
+    both["results"] += json.loads(b16.read_text())["results"]
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    with pytest.raises(CalibrationError, match="both bf16 and FP8"):
+        amend_half_tile(base, tmp_path / "both.json", tmp_path / "no.json", log=lambda m: None)
