@@ -234,6 +234,22 @@ __device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Ti
   }
 }
 
+// k_loop(std::true_type) for a half tile (Tiles with half tiles, a block of at most 64 rows: wgmma.cuh), else
+// k_loop(std::false_type): the MMA form is chosen once per tile, between two copies of the k loop, because a branch
+// between the forms inside one loop made ptxas serialise every wgmma (C7511).
+template <typename Tiles, typename Loop>
+__device__ __forceinline__ void with_mma_form(const TileDesc& d, Loop& k_loop) {
+  if constexpr (Tiles::kHalf) {
+    if (is_half_tile(d.b.num_rows)) {
+      k_loop(std::true_type{});
+    } else {
+      k_loop(std::false_type{});
+    }
+  } else {
+    k_loop(std::false_type{});
+  }
+}
+
 // Consumer warpgroups: MMAs and epilogues. Writes the ring / slot positions back. Returns false on an error.
 template <typename Tiles>
 __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Tiles& T, uint32_t it, uint32_t tiles) {
@@ -308,20 +324,11 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
           if (k + 1 < num_k) release(it);
         }
       };
-      if constexpr (Tiles::kHalf) {
-        if (is_half_tile(d.b.num_rows)) {
-          k_loop(std::true_type{});
-        } else {
-          k_loop(std::false_type{});
-        }
-      } else {
-        k_loop(std::false_type{});
-      }
+      with_mma_form<Tiles>(d, k_loop);
       fence_acc(acc);
       scale_acc(acc, q);  // into the product's own units
     } else {
-      // A block of at most 64 rows: half the MMAs (wgmma.cuh). Two copies of the k loop, chosen once per tile: a
-      // branch between the MMA forms inside one loop made ptxas serialise every wgmma (C7511).
+      // A block of at most 64 rows: half the MMAs (wgmma.cuh), in a copy of the k loop of its own (with_mma_form).
       auto k_loop = [&](auto half) {
         for (int k = 0; k < num_k; ++k, ++it) {
           const int st = static_cast<int>(it % Config::kStages);
@@ -336,15 +343,7 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
           if (k > 0) release(it - 1);
         }
       };
-      if constexpr (Tiles::kHalf) {
-        if (is_half_tile(d.b.num_rows)) {
-          k_loop(std::true_type{});
-        } else {
-          k_loop(std::false_type{});
-        }
-      } else {
-        k_loop(std::false_type{});
-      }
+      with_mma_form<Tiles>(d, k_loop);
       wgmma_wait<0>();
       fence_acc(acc);
     }
