@@ -1,6 +1,7 @@
 #!/bin/bash
 # One 1x H200 call (about 8 min): the FP8 instance with half tiles (sources 9acca5f0, PTX-identical to the measured
-# 0f660e73; docs/kernel.md "Half tiles in FP8") at scale and held out: random FP8 layers (fuzz_worker --fp8, small and of the presets' size), then run S8
+# 0f660e73; docs/kernel.md "Half tiles in FP8") at scale and held out: random FP8 layers (fuzz_worker --fp8, small
+# and of the presets' size), then run S8
 # (seed 8, FP8 experts, six models x {2048, 4096, 8192}, static:8/20, weave, the reference; bench-style, rounds
 # alternating, then --sustained 1.0), then the same in bf16 in its own process for as long as the call has left (bench
 # writes its results after every configuration). Files in $OUT/fp8_half_results. Knobs: END_S (seconds for the
