@@ -4,6 +4,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
+# Seconds left of the script's budget $END (each script sets it, e.g. END=${END_S:-585}) after a reserve of $1; at
+# least 5, so that a timeout given it still starts the command.
+left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }
+# The six models of the benchmark, in the order the result tables use.
+SIX_MODELS=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
 # An A/B's two kernels: the old sources in $2 (an ignored folder carried to the device, e.g. tests/kernel/_ab_old_csrc)
 # built in the background into their own module, the working tree's in the foreground; both fingerprints into
 # $1/csrc.txt. Call `wait` before the old one is used. Returns 2 if $2 is missing.

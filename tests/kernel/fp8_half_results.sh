@@ -10,8 +10,7 @@ set -o pipefail
 source tests/kernel/device_env.sh
 R=$OUT/fp8_half_results; mkdir -p $R
 END=${END_S:-570}
-left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }
-M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
+M=$SIX_MODELS
 bash tests/kernel/device_run.sh build 2>&1 | tail -1
 python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $R/csrc.txt
 timeout 80 python3 tests/kernel/fuzz_worker.py --fp8 --seed 31 --cases 100000 --budget-s 60 > $R/fuzz_fp8_seed31.log 2>&1

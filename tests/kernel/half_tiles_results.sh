@@ -9,8 +9,7 @@ set -o pipefail
 source tests/kernel/device_env.sh
 R=$OUT/half_tiles_results; mkdir -p $R
 END=${END_S:-585}
-left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }
-M=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
+M=$SIX_MODELS
 bash tests/kernel/device_run.sh build 2>&1 | tail -1
 python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $R/csrc.txt
 B="torchrun --nproc_per_node=1 -m weave_kernel.bench --repeats 4"

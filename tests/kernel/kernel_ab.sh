@@ -11,7 +11,6 @@ source tests/kernel/device_env.sh  # wheels, environment, has()
 R=$OUT/kernel_ab; mkdir -p $R
 OLD=$PWD/tests/kernel/_ab_old_csrc
 END=${END_S:-570}
-left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }  # seconds left, less a reserve $1
 build_new_and_old $R $OLD || exit 2  # device_env.sh
 quick_tests $R  # device_env.sh
 if [ "${AB_MEMCHECK:-1}" = 1 ]; then
