@@ -203,14 +203,11 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         need(isinstance(kf, dict) and {"share", "k"} <= set(kf), "gemm.k_fixed needs 'share' and 'k'")
         k_share, k_cal = float(kf["share"]), float(kf["k"])
         need(0.0 <= k_share < 1.0 and k_cal > 0, "gemm.k_fixed: share must lie in [0, 1) and k be > 0")
-    half_cost = gm.get("half_tile_cost", 0.5)
-    need(isinstance(half_cost, (int, float)) and not isinstance(half_cost, bool) and 0.0 < half_cost <= 1.0,
-         "gemm.half_tile_cost must be a number in (0, 1]")
-    half_cost = float(half_cost)
-    if "fp8_half_tile_cost" in gm:  # applied by fp8_profile
-        v = gm["fp8_half_tile_cost"]
+    for key in ("half_tile_cost", "fp8_half_tile_cost"):  # (the FP8 one is applied by fp8_profile)
+        v = gm.get(key, 0.5)
         need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0,
-             "gemm.fp8_half_tile_cost must be a number in (0, 1]")
+             f"gemm.{key} must be a number in (0, 1]")
+    half_cost = float(gm.get("half_tile_cost", 0.5))
     eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
     need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
     need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
