@@ -31,7 +31,6 @@ constexpr int kBarProducer = 1, kBarConsumers = 2, kBarConsumerWg0 = 3;
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void named_sync_consumers() { named_sync(kBarConsumers, Config::kConsumerThreads); }
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of smem row `row` (128-byte rows, XOR swizzle on row % 8).
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {

@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_staged(const uint8_t* staging, int num_row
 // from the global peer_base array, indexed by the row's source rank) was a dependent global load ahead of every
 // 16-byte store, and the stores of a 32 KB half took about 1.5 us against 1.0 for GEMM0's (docs/kernel.md,
 // "A GEMM1 tile's stores").
-// half: the tile ran as a half tile (mma_stage_half).
+// half: the tile ran as a half tile (mma_stage_half, mma_stage_half_e4m3).
 template <typename Dst>
 __device__ __forceinline__ void store_tile_plain(const TileAcc& acc, uint8_t* staging, int num_rows, int c0, int limit,
                                                  bool half, Dst dst) {

@@ -260,7 +260,7 @@ __device__ __forceinline__ void stage_swiglu_e4m3(const TileAcc& acc, uint8_t* s
       xch[cw * 64 + row] = amax[0];
       xch[cw * 64 + row + 8] = amax[1];
     }
-    named_sync_consumers();
+    named_sync(kBarConsumers, Config::kConsumerThreads);
 #pragma unroll
     for (int i = 0; i < 2; ++i) amax[i] = fmaxf(amax[i], xch[(1 - cw) * 64 + row + 8 * i]);
   }
