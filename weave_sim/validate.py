@@ -190,8 +190,10 @@ TRACE_POLICIES = ("weave",)
 # "kernel_layout"; results without it come from the first kernel. "expert-packed-half" (since sources
 # eb48d782, 2026-12-03): the same, but a block of at most 64 rows runs as a half tile (csrc/wgmma.cuh
 # mma_stage_half), so its MMAs cost 64 rows; bf16 layers without the fused shared expert only until FP8 tiles got
-# them too (mma_stage_half_e4m3, 2026-12-03); the instances with the shared expert's code compute every block in
-# full (kernel_layout_for). FP8 results measured before that carry "expert-packed", as bench recorded it then.
+# them too (mma_stage_half_e4m3, 2026-12-03), and since the fifth session of 2026-12-03 the bf16 instance with the
+# shared expert's code as well (csrc/pipeline.cuh's idle form: the warpgroup of the padding rows issues no MMAs);
+# the FP8 instance with it computes every block in full (kernel_layout_for). Results measured before each change
+# carry "expert-packed", as bench recorded it then.
 KERNEL_LAYOUTS = {
     "segment-padded": {"dispatch_order": "expert", "segment_pad_rows": 64},
     "expert-packed": {"dispatch_order": "piece", "expert_pad_rows": 128},
@@ -203,10 +205,11 @@ KERNEL_OPTIONS = KERNEL_LAYOUTS[KERNEL_LAYOUT]
 
 def kernel_layout_for(expert_dtype: str = "bf16", shared: bool = False) -> str:
     """The layout this kernel computes a layer in: half tiles in its instances without the shared expert's code,
-    bf16 and FP8 (csrc/tasks.cuh MoeTiles::kHalf), "expert-packed" in the two with it."""
+    bf16 and FP8 (csrc/tasks.cuh MoeTiles::kHalf), and in the bf16 instance with it (kIdleHalf); "expert-packed" in
+    the FP8 instance with it."""
     if expert_dtype not in ("bf16", "fp8"):
         raise ValueError(f"expert_dtype must be 'bf16' or 'fp8', got {expert_dtype!r}")
-    return "expert-packed" if shared else KERNEL_LAYOUT
+    return "expert-packed" if shared and expert_dtype == "fp8" else KERNEL_LAYOUT
 
 
 # Which CTAs make weave's in-kernel choice (engine option kernel_deciders). "table" (the kernel now, since

@@ -23,10 +23,12 @@ def test_pad_rows_are_the_kernels_tile_and_half_tile():
 
 
 def test_the_instances_with_half_tiles():
-    """MoeTiles::kHalf (tasks.cuh): bf16 and FP8 tiles of the kernel without the shared expert's code, as
-    kernel_layout_for."""
-    assert "static constexpr bool kHalf = !kShared;" in (CSRC / "tasks.cuh").read_text()
+    """MoeTiles (tasks.cuh): the split form (kHalf) in bf16 and FP8 tiles of the kernel without the shared expert's
+    code, the idle form (kIdleHalf) in bf16 tiles of the kernel with it; kernel_layout_for names the same instances."""
+    tasks = (CSRC / "tasks.cuh").read_text()
+    assert "static constexpr bool kHalf = !kShared;" in tasks
+    assert "static constexpr bool kIdleHalf = kShared && !F8;" in tasks
     for fp8 in (False, True):
         for shared in (False, True):
-            half = not shared
+            half = not (shared and fp8)
             assert (kernel_layout_for("fp8" if fp8 else "bf16", shared) == "expert-packed-half") == half

@@ -51,8 +51,9 @@ def test_a_half_tile_cost_outside_0_1_is_refused(bad):
 
 
 def test_kernel_layout_for_names_the_instances_with_half_tiles():
-    assert kernel_layout_for() == kernel_layout_for("fp8") == "expert-packed-half"
-    assert kernel_layout_for("bf16", shared=True) == kernel_layout_for("fp8", shared=True) == "expert-packed"
+    assert kernel_layout_for() == kernel_layout_for("fp8") == kernel_layout_for("bf16", shared=True) \
+        == "expert-packed-half"
+    assert kernel_layout_for("fp8", shared=True) == "expert-packed"
     with pytest.raises(ValueError, match="expert_dtype"):
         kernel_layout_for("fp16")
 

@@ -53,7 +53,8 @@ __device__ __forceinline__ bool meet_ranks(const CalibPushArgs& a) {
 // block, then row block (the megakernel's order), claimed from chunk ch's ticket; stored to C instead of pushed.
 struct CalibTiles {
   static constexpr bool kF8 = false;  // bf16 tiles (pipeline.cuh)
-  static constexpr bool kHalf = true;  // blocks of <= 64 rows as half tiles (pipeline.cuh)
+  static constexpr bool kHalf = true;  // blocks of <= 64 rows as half tiles, the split form (pipeline.cuh)
+  static constexpr bool kIdleHalf = false;
   const CalibGemmArgs& a;
   uint32_t* ticket;
   int rb0, nrb, per_expert, total;

@@ -234,12 +234,25 @@ __device__ __forceinline__ bool produce_tiles(const Params& p, uint8_t* smem, Ti
   }
 }
 
-// k_loop(std::true_type) for a half tile (Tiles with half tiles, a block of at most 64 rows: wgmma.cuh), else
-// k_loop(std::false_type): the MMA form is chosen once per tile, between two copies of the k loop, because a branch
-// between the forms inside one loop made ptxas serialise every wgmma (C7511).
-template <typename Tiles, typename Loop>
-__device__ __forceinline__ void with_mma_form(const TileDesc& d, Loop& k_loop) {
-  if constexpr (Tiles::kHalf) {
+// The MMA form of a tile, chosen once per tile because a branch between forms inside one k loop made ptxas serialise
+// every wgmma (C7511). A block of at most 64 rows (is_half_tile) skips the MMAs of its padding rows in one of two forms:
+// - the split form (Tiles::kHalf): k_loop(std::true_type), a second copy of the k loop in which both warpgroups
+//   compute rows [0, 64), half of the columns each (wgmma.cuh mma_stage_half);
+// - the idle form (Tiles::kIdleHalf): the first warpgroup runs the full tile's loop on its 64 rows and the second,
+//   whose rows are all padding, runs idle_loop (no wgmma). The branch is on the warpgroup and the tile, both uniform
+//   over a warpgroup, so ptxas keeps the wgmma pipeline; it costs fewer registers than a second MMA loop (the split
+//   form serialised the kernel with the shared expert's code), but one warpgroup alone cannot cover the FP8 loop's
+//   wait for each step's MMAs (docs/kernel.md "Half tiles with the shared expert").
+// Everything else: k_loop(std::false_type).
+template <typename Tiles, typename Loop, typename Idle>
+__device__ __forceinline__ void with_mma_form(const TileDesc& d, Loop& k_loop, Idle& idle_loop, int cw) {
+  if constexpr (Tiles::kIdleHalf) {
+    if (is_half_tile(d.b.num_rows) && cw == 1) {
+      idle_loop();
+    } else {
+      k_loop(std::false_type{});
+    }
+  } else if constexpr (Tiles::kHalf) {
     if (is_half_tile(d.b.num_rows)) {
       k_loop(std::true_type{});
     } else {
@@ -285,6 +298,16 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
     TileAcc acc;
 #pragma unroll
     for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
+    // The idle form's second warpgroup (Tiles::kIdleHalf, with_mma_form): its rows are all padding, so it takes each
+    // stage and hands it back without MMAs, one step behind as the k loops do (the last stays for the epilogue); its
+    // accumulators stay 0 and the epilogue stores none of its rows.
+    auto idle_loop = [&] {
+      for (int k = 0; k < num_k; ++k, ++it) {
+        const int st = static_cast<int>(it % Config::kStages);
+        if (!mbar_wait(p, &ps->full[st], (it / Config::kStages) & 1u, st, k)) ok = false;
+        if (k > 0) release(it - 1);
+      }
+    };
     if constexpr (Tiles::kF8) {
       // FP8: 128 of K per step, block scales by rescaling the accumulators (wgmma.cuh scale_acc), so each step
       // waits for the previous one's MMAs (the other warpgroup's run meanwhile). q: the accumulators' units.
@@ -324,7 +347,7 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
           if (k + 1 < num_k) release(it);
         }
       };
-      with_mma_form<Tiles>(d, k_loop);
+      with_mma_form<Tiles>(d, k_loop, idle_loop, cw);
       fence_acc(acc);
       scale_acc(acc, q);  // into the product's own units
     } else {
@@ -343,7 +366,7 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
           if (k > 0) release(it - 1);
         }
       };
-      with_mma_form<Tiles>(d, k_loop);
+      with_mma_form<Tiles>(d, k_loop, idle_loop, cw);
       wgmma_wait<0>();
       fence_acc(acc);
     }

@@ -210,10 +210,14 @@ __device__ __forceinline__ RowBlock shared_block(const Params& p, int i) {
 template <bool kShared, bool F8 = false>
 struct MoeTiles {
   static constexpr bool kF8 = F8;  // FP8 experts (pipeline.cuh's consumer loop, the epilogues below)
-  // half tiles for blocks of <= 64 rows (wgmma.cuh mma_stage_half, mma_stage_half_e4m3): bf16 and FP8 tiles of the
-  // kernel without the shared expert's code (with it, the second copy of the k loop made ptxas serialise every
-  // wgmma: C7511)
+  // Blocks of <= 64 rows skip the MMAs of their padding rows. kHalf, the split form (wgmma.cuh mma_stage_half,
+  // mma_stage_half_e4m3): bf16 and FP8 tiles of the kernel without the shared expert's code (with it, the split
+  // form's second copy of the k loop made ptxas serialise every wgmma: C7511). kIdleHalf, the idle form
+  // (pipeline.cuh with_mma_form): bf16 tiles of the kernel with it. FP8 keeps full tiles there: its k loop waits
+  // for every step's MMAs, so one warpgroup alone leaves the tensor cores idle (docs/kernel.md "Half tiles with the
+  // shared expert").
   static constexpr bool kHalf = !kShared;
+  static constexpr bool kIdleHalf = kShared && !F8;
   const Params& p;
   SharedLayout& s;
   const LayoutView& lv;
