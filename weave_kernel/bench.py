@@ -366,7 +366,8 @@ def bench_config(model, n: int, layer, w13, w2, args, rank: int, world: int, dev
     other = getattr(layer, "ab_other", None)
     if other is not None:
         for pol in policies:
-            res.setdefault("ab", {})[pol] = ab_times(layer, other, pol, (x, ids_d, w_d, w13, w2), y_ref, args)
+            res.setdefault("ab", {})[pol] = ab_times(layer, other, pol, (x, ids_d, w_d, w13, w2), y_ref, args,
+                                                     kshared)
     res["rel_err_vs_reference"] = {k: max_over_ranks(v) for k, v in errs.items()}
     res["max_rel_err_vs_reference"] = max(res["rel_err_vs_reference"].values())
 
@@ -493,19 +494,21 @@ def sustained_times(fns: dict, args, world: int, sampler=None) -> dict:
     return out
 
 
-def ab_times(layer, other, pol: str, inputs, y_ref, args) -> dict:
+def ab_times(layer, other, pol: str, inputs, y_ref, args, kshared: dict | None = None) -> dict:
     """--ab-csrc: the other kernel version (B) checked against the reference, then A (the package's kernel) and B
     timed in alternation, one warm-up call before each repetition of each, so that both see the same GPU state:
     A then B, then B then A (interleaved_time_ms's alternate; before 2026-12-03 A always went first, and B ran
-    right after A's calls), medians over pairs of rounds (args.repeats rounded up to even), slowest rank."""
-    y = other(*inputs, policy=pol)  # checked call
+    right after A's calls), medians over pairs of rounds (args.repeats rounded up to even), slowest rank.
+    kshared: the shared expert's call arguments (--shared), the same for both versions."""
+    kshared = kshared or {}
+    y = other(*inputs, policy=pol, **kshared)  # checked call
     err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
     b_choice = None
     if pol == "weave":  # B's own (c*, K*) per rank (another cost table may choose another split)
         b_choice = [None] * dist.get_world_size()
         dist.all_gather_object(b_choice, other.last_choice())
-    fa = lambda: layer(*inputs, policy=pol, check=False)  # noqa: E731
-    fb = lambda: other(*inputs, policy=pol, check=False)  # noqa: E731
+    fa = lambda: layer(*inputs, policy=pol, check=False, **kshared)  # noqa: E731
+    fb = lambda: other(*inputs, policy=pol, check=False, **kshared)  # noqa: E731
     t = interleaved_time_ms({"a": fa, "b": fb}, 0, args.repeats, args.calls_per_rep, before=sync_ranks, alternate=True)
     layer.raise_if_error()
     other.raise_if_error()
@@ -655,8 +658,6 @@ def main(argv=None) -> int:
     if sum(map(bool, (args.ab_csrc, args.ab_cost_profile, args.ab_dispatch))) > 1:
         raise SystemExit("weave_kernel.bench: --ab-csrc, --ab-cost-profile and --ab-dispatch are different A/Bs; "
                          "give one")
-    if args.shared != "off" and (args.ab_csrc or args.ab_cost_profile or args.ab_dispatch):
-        raise SystemExit("weave_kernel.bench: the A/B modes time the routed experts only; give --shared off with them")
     if args.ab_cost_profile:
         from weave_sim.profile import ProfileError, load_profile
 

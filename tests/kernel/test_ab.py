@@ -229,3 +229,37 @@ def test_ab_times_alternates_which_version_goes_first(monkeypatch):
     # pair means (1.0 + 1.2) / 2 = 1.1 and (1.1 + 1.3) / 2 = 1.2, median 1.15; B the same plus 1
     assert out["a_ms"] == pytest.approx(1.15) and out["b_ms"] == pytest.approx(2.15)
     assert out["a_over_b"] == out["a_ms"] / out["b_ms"] and abs(out["b_rel_err_vs_reference"] - 1.0) < 1e-6
+
+
+def test_ab_times_passes_the_shared_expert_to_both_versions(monkeypatch):
+    """bench.ab_times with --shared: both versions' checked and timed calls get the shared expert's arguments."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from weave_kernel import bench, symm
+
+    seen = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *inputs, policy, check=True, **kw):
+            seen.append((self.name, check, kw))
+            return torch.ones(4)
+
+        def raise_if_error(self):
+            pass
+
+    def fake_time(fn, warmup, repeats, calls, before=None):
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(symm, "cuda_time_ms", fake_time)
+    monkeypatch.setattr(bench, "max_over_ranks", lambda v: v)
+    shared = {"shared": ("w13s", "w2s"), "shared_order": "last"}
+    bench.ab_times(Fake("a"), Fake("b"), "weave:8", (), torch.ones(4), SimpleNamespace(repeats=2, calls_per_rep=4),
+                   shared)
+    assert {n for n, _, _ in seen} == {"a", "b"} and all(kw == shared for _, _, kw in seen)
+    assert seen[0][:2] == ("b", True)
