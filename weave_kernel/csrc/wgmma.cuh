@@ -8,7 +8,9 @@
 // warpgroup-uniform (e.g. "this warpgroup's 64 rows are all padding, skip"): ptxas then inserts a warpgroup
 // dependency barrier (WG.DP) in the divergent path and serialises every wgmma of the kernel (warning C7518: each
 // HGMMA gets its own WARPGROUP.ARRIVE / DEPBAR.LE gsb0, 0x0, so no MMA overlaps anything). The producer /
-// consumer split on threadIdx.x / 128 is provably uniform; tests/kernel/test_csrc.py asserts no C7518.
+// consumer split on threadIdx.x / 128 is provably uniform, and so is a choice between two copies of the whole k
+// loop made once per tile on the warpgroup and the tile's row count (pipeline.cuh with_mma_form's idle form);
+// tests/kernel/test_csrc.py asserts no C7518.
 #pragma once
 #include <cstdint>
 
