@@ -299,8 +299,8 @@ __device__ __forceinline__ bool consume_tiles(const Params& p, uint8_t* smem, Ti
 #pragma unroll
     for (int i = 0; i < Config::kBlockN / 2; ++i) acc.d[i] = 0.f;
     // The idle form's second warpgroup (Tiles::kIdleHalf, with_mma_form): its rows are all padding, so it takes each
-    // stage and hands it back without MMAs, one step behind as the k loops do (the last stays for the epilogue); its
-    // accumulators stay 0 and the epilogue stores none of its rows.
+    // stage and hands it back without MMAs, one step behind as bf16's k loop does (the last stays for the epilogue);
+    // its accumulators stay 0 and the epilogue stores none of its rows.
     auto idle_loop = [&] {
       for (int k = 0; k < num_k; ++k, ++it) {
         const int st = static_cast<int>(it % Config::kStages);
