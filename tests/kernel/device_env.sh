@@ -9,6 +9,11 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 left() { local r=$((END - SECONDS - ${1:-0})); echo $(( r < 5 ? 5 : r )); }
 # The six models of the issue's benchmark, in the order the result tables use.
 SIX_MODELS=qwen3-30b-a3b,deepseek-v2-lite,qwen3.5-35b-a3b,phi-3.5-moe,deepseek-v2,deepseek-v3
+# The working tree's kernel built, and its sources' fingerprint into $1/csrc.txt (a one-call run's record of what ran).
+build_tree() {
+  bash tests/kernel/device_run.sh build 2>&1 | tail -1
+  python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $1/csrc.txt
+}
 # An A/B's two kernels: the old sources in $2 (an ignored folder carried to the device, e.g. tests/kernel/_ab_old_csrc)
 # built in the background into their own module, the working tree's in the foreground; both fingerprints into
 # $1/csrc.txt. Call `wait` before the old one is used. Returns 2 if $2 is missing.

@@ -11,8 +11,7 @@ source tests/kernel/device_env.sh
 R=$OUT/fp8_half_results; mkdir -p $R
 END=${END_S:-570}
 M=$SIX_MODELS
-bash tests/kernel/device_run.sh build 2>&1 | tail -1
-python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $R/csrc.txt
+build_tree $R
 timeout 80 python3 tests/kernel/fuzz_worker.py --fp8 --seed 31 --cases 100000 --budget-s 60 > $R/fuzz_fp8_seed31.log 2>&1
 echo "fuzz --fp8 rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fuzz_fp8_seed31.log | tail -2
 timeout 60 python3 tests/kernel/fuzz_worker.py --fp8 --big --seed 32 --cases 100000 --budget-s 40 > $R/fuzz_fp8_big_seed32.log 2>&1

@@ -10,8 +10,7 @@ source tests/kernel/device_env.sh
 R=$OUT/half_tiles_results; mkdir -p $R
 END=${END_S:-585}
 M=$SIX_MODELS
-bash tests/kernel/device_run.sh build 2>&1 | tail -1
-python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $R/csrc.txt
+build_tree $R
 B="torchrun --nproc_per_node=1 -m weave_kernel.bench --repeats 4"
 run() { local name=$1 reserve=$2; shift 2; timeout $(left $reserve) $B "$@" --out $R/bench_${name}.json > $R/$name.log 2>&1
   echo "$name rc $? [${SECONDS}s]"; grep -E "^geomean \(all|fraction of the lower bound|choice ==" $R/$name.log | cut -c1-220; }

@@ -9,8 +9,7 @@
 source tests/kernel/device_env.sh
 R=$OUT/idle_half_final; mkdir -p $R
 END=${END_S:-540}
-bash tests/kernel/device_run.sh build 2>&1 | tail -1
-python3 -c "import weave_kernel.build as b; print(b.sources_digest())" | tee $R/csrc.txt
+build_tree $R
 quick_tests $R 2,4
 timeout 110 python3 tests/kernel/fuzz_worker.py --seed ${FUZZ_SEED:-35} --cases 100000 --budget-s 90 > $R/fuzz.log 2>&1
 echo "fuzz_worker rc $? [${SECONDS}s]"; grep -E "^FAIL|SUMMARY" $R/fuzz.log | tail -3
