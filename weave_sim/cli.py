@@ -182,7 +182,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             raise ValueError("--amend PROFILE takes either --decision TRACE... or --fp8 BF16.json:FP8.json... (no "
                              "measurements file, --fit or --piece-cost)")
         if args.fp8:
-            from .fp8fit import amend_fp8, parse_pairs
+            from .calibrate.fp8 import amend_fp8, parse_pairs
 
             prof = amend_fp8(args.amend, parse_pairs(args.fp8), args.output, name=args.name,
                              fixed_scale=args.fp8_fixed_scale, workers=max(1, args.workers), timing=args.timing)
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for ranks that entered the layer later)")
     p.set_defaults(func=cmd_timeline_stats)
     p = sub.add_parser("calibrate", help="microbenchmark measurements, or kernel latencies (--fit), -> hardware profile")
-    p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate.py)")
+    p.add_argument("measurements", type=Path, nargs="?", help="measurements JSON (format in weave_sim/calibrate/__init__.py)")
     p.add_argument("--power", type=Path, default=None,
                    help="take the power block (sustained GEMM, clock, board power) from this measurements file "
                         "(with --fit: add it to the base profile before fitting)")
@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --amend: fit the profile's FP8 tile factor (gemm.fp8_scale) to pairs of kernel "
                         "benchmarks of the same configurations with bf16 and with FP8 experts, run the same way: the "
                         "factor at which the simulated FP8 gain t(bf16) / t(FP8) matches the measured one at the median "
-                        "(weave_sim/fp8fit.py)")
+                        "(weave_sim/calibrate/fp8.py)")
     p.add_argument("--half-tiles", type=Path, default=None, metavar="BENCH.json",
                    help="with --amend: fit what a half tile costs as a fraction of a whole one (gemm.half_tile_cost, "
                         "0.5 to 1) to the results of this kernel benchmark that ran half tiles (kernel_layout "

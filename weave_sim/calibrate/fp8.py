@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from .profile import FP8_TILE_SCALE, HardwareProfile, fp8_profile, load_profile, profile_from_dict
-from .validate import ConfigValidation, bench_results, config_label, read_bench, result_fp8, validate_file
+from ..profile import FP8_TILE_SCALE, HardwareProfile, fp8_profile, load_profile, profile_from_dict
+from ..validate import ConfigValidation, bench_results, config_label, read_bench, result_fp8, validate_file
 
 SCALE_RANGE = (1.0, 3.0)  # where the bisection looks for fp8_scale
 LOG_TOLERANCE = 1e-3  # |median log gain error| at which the bisection stops
@@ -182,7 +182,7 @@ def amend_fp8(profile: str | Path, pairs, out_path: Path, name: str | None = Non
     if fit["fixed_scale"] is not None:
         prof["gemm"]["fp8_fixed_scale"] = fit["fixed_scale"]
         fixed = f", their fixed cost x{fit['fixed_scale']:g}"
-    from .calibrate import write_amended
+    from .amend import write_amended
 
     fp8_profile(profile_from_dict(prof, origin="profile with fitted FP8 tiles"))  # its FP8 form validates too
     return write_amended(prof, out_path, name, "+fp8",

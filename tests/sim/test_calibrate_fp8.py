@@ -1,5 +1,5 @@
 """FP8 tiles in a profile: the fixed cost's own factor (profile.fp8_profile) and its fit to bf16 / FP8 benchmark
-pairs (weave_sim.fp8fit, weave-sim calibrate --amend P --fp8 ...)."""
+pairs (weave_sim.calibrate.fp8, weave-sim calibrate --amend P --fp8 ...)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from weave_sim.cli import main
 from weave_sim.engine.testing import simulated_bench_file
-from weave_sim.fp8fit import fit_fp8_scale, parse_pairs
+from weave_sim.calibrate.fp8 import fit_fp8_scale, parse_pairs
 from weave_sim.profile import fp8_profile, load_profile, profile_from_dict, table_profile
 
 BASE = "h200-megakernel-power-ep1"  # has gemm.k_fixed (a tile's fixed cost) and a power model
