@@ -3,7 +3,7 @@ matched to its piece, and the piece's rows rebuilt from the benchmark's routing.
 
 The megakernel's comm CTA k of C pushes its rank's pieces k, k + C, k + 2C, ... in sending order (csrc
 megakernel.cuh dispatch_blocks); a piece is a source's rows of one expert inside one 128-row block of the owner's
-receive layout (weave_sim.engine.dag.piece_layout). A record names its SM and the piece's destination and owner
+receive layout (weave_sim.engine.rows.piece_layout). A record names its SM and the piece's destination and owner
 row block, which identify the piece; that every SM's pieces are i, i + C, i + 2C, ... checks the rebuilt routing
 and the deal. A least-squares line  duration = fixed + bytes / rate  over each trace's pieces, and one over all
 traces with a shared fixed cost and a rate per trace, give a piece's fixed cost (fence, flag, the copy's start and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from weave_sim.engine.dag import piece_layout, receive_ring
+from weave_sim.engine.rows import piece_layout, receive_ring
 from weave_sim.placement import contiguous
 from weave_sim.presets import get_model
 from weave_sim.validate import result_placement

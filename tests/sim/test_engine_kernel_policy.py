@@ -115,20 +115,20 @@ def test_bad_kernel_specs(layer, spec):
 
 def test_segment_padding_geometry(layer):
     """Blocks never straddle two sources; each segment is cut into ceil(rows / tile) blocks; cost is padded."""
-    from weave_sim.engine.dag import _gpu_rows
+    from weave_sim.engine.rows import gpu_rows
 
     G, tile = layer.num_gpus, 128
     for g in range(G):
         ring = (g + np.arange(G)) % G
-        x = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=64, per_segment=True)
+        x = gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=64, per_segment=True)
         assert ((x["overlap"] > 0).sum(axis=1) == 1).all()
         seg = layer.pair_counts[:, g, layer.placement.local_experts(g)]
         assert x["rows"].size == int((-(-seg // tile)).sum()) and x["rows"].sum() == seg.sum()
         assert (x["cost_rows"] % 64 == 0).all() and (x["cost_rows"] >= x["rows"]).all()
-        plain = _gpu_rows(layer, g, ring, tile, 128, "expert")
+        plain = gpu_rows(layer, g, ring, tile, 128, "expert")
         assert (plain["cost_rows"] == plain["rows"]).all() and plain["rows"].size <= x["rows"].size
         # expert-packed (the kernel now): ceil(expert rows / tile) blocks, each costing a whole tile
-        packed = _gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=128)
+        packed = gpu_rows(layer, g, ring, tile, 128, "expert", pad_rows=128)
         assert packed["rows"].size == int((-(-seg.sum(axis=0) // tile)).sum()) == plain["rows"].size
         assert (packed["cost_rows"] == tile).all() and packed["rows"].sum() == seg.sum()
 
@@ -149,11 +149,11 @@ def test_padding_option_is_validated(layer):
 
 @pytest.mark.parametrize("gpus,pad", [(2, None), (4, None), (4, 64)])
 def test_dispatch_pieces_count_the_blocks_each_segment_touches(gpus, pad):
-    """dag._dispatch_pieces against the receive layout built row by row as the kernel builds it (csrc/layout.cuh):
+    """rows.dispatch_pieces against the receive layout built row by row as the kernel builds it (csrc/layout.cuh):
     on owner d, each local expert's rows from every source in step order t = 0, 1, ..., source (d - t) mod G (d's
     own first), a source's segment padded to `pad` rows in the per-segment layout; a source sends one piece per
     128-row block holding any of its rows (its own rows none)."""
-    from weave_sim.engine.dag import _dispatch_pieces, receive_ring
+    from weave_sim.engine.rows import dispatch_pieces, receive_ring
 
     rng = np.random.default_rng(gpus * 7 + (pad or 0))
     E = 8 * gpus
@@ -171,8 +171,8 @@ def test_dispatch_pieces_count_the_blocks_each_segment_touches(gpus, pad):
                 if s != d:
                     want[s, d] += len({r // 128 for r in range(row, row + n)})
                 row += n if pad is None else -(-n // pad) * pad
-    got = _dispatch_pieces(w, ring, 128, pad)
+    got = dispatch_pieces(w, ring, 128, pad)
     assert np.array_equal(got, want)
     assert got.sum() >= -(-w.dispatch_rows[~np.eye(gpus, dtype=bool)] // 128).sum()  # at least one per 128 rows
     if gpus > 2:  # the other order cuts the blocks elsewhere
-        assert not np.array_equal(_dispatch_pieces(w, receive_ring(gpus, "expert"), 128, pad), want)
+        assert not np.array_equal(dispatch_pieces(w, receive_ring(gpus, "expert"), 128, pad), want)

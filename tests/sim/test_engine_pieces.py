@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from weave_sim.engine import simulate_layer
-from weave_sim.engine.dag import K_DISPATCH, _dispatch_pieces, _gpu_rows, _piece_chunks
+from weave_sim.engine.dag import K_DISPATCH
+from weave_sim.engine.rows import dispatch_pieces, gpu_rows, piece_chunks
 from weave_sim.placement import contiguous
 from weave_sim.presets import ModelPreset
 from weave_sim.profile import load_profile
@@ -29,8 +30,8 @@ def pair_workload(G: int, tokens: int, seed: int, skew: float = 1.0):
 def test_transfers_are_the_kernels_pieces(G, tokens, seed, cr):
     w = pair_workload(G, tokens, seed)
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G
-    sizes, piece_of = _piece_chunks(w, ring, 128, cr, None)
-    pieces = _dispatch_pieces(w, ring, 128, None)
+    sizes, piece_of = piece_chunks(w, ring, 128, cr, None)
+    pieces = dispatch_pieces(w, ring, 128, None)
     for s in range(G):
         for d in range(G):
             z = sizes[s][d]
@@ -48,10 +49,10 @@ def test_a_block_waits_only_on_its_own_pieces(G, tokens, seed):
     wait on never overlap (in 'expert' order, 128-row transfers cut across blocks and experts)."""
     w = pair_workload(G, tokens, seed)
     ring = (np.arange(G)[:, None] + np.arange(G)[None, :]) % G
-    sizes, _ = _piece_chunks(w, ring, 128, 128, None)
+    sizes, _ = piece_chunks(w, ring, 128, 128, None)
     for g in range(G):
         starts = [np.cumsum(sizes[ring[g][j]][g]) - sizes[ring[g][j]][g] for j in range(G)]
-        x = _gpu_rows(w, g, ring[g], 128, 128, "piece", 128, False, starts)
+        x = gpu_rows(w, g, ring[g], 128, 128, "piece", 128, False, starts)
         for src in range(G):
             m = x["dep_src"] == src
             if not m.any():
@@ -70,7 +71,7 @@ def test_kernel_layout_simulates_with_pieces():
     r = simulate_layer(w, PROFILE, "kernel:static:8", record_timeline=True, **KERNEL_OPTIONS)
     ring = (np.arange(2)[:, None] + np.arange(2)[None, :]) % 2
     disp = r.graph.kind == K_DISPATCH
-    assert int(disp.sum()) == int(_dispatch_pieces(w, ring, 128, None).sum())
+    assert int(disp.sum()) == int(dispatch_pieces(w, ring, 128, None).sum())
     sent = int(w.dispatch_rows.sum() - np.trace(w.dispatch_rows))
     assert int(r.graph.nbytes[disp].sum()) == sent * MODEL.row_bytes and r.latency_ns > 0
 
