@@ -156,8 +156,11 @@ def moe_reference_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     gu = xd @ W13d^T, h = g / (1 + exp(-g)) * u, h quantized per 128 columns and dequantized, o = hd @ W2d^T
     rounded to bf16; y[t] = sum over j = 0..k-1 in order of topk_weights[t, j] * o, in fp32, then bf16.
     """
+    from .reference import check_routing
+
     w13_q, w13_s = w13
     w2_q, w2_s = w2
+    check_routing(x, topk_ids, topk_weights, w13_q.shape[0])
     n, k = topk_ids.shape
     inter = w13_q.shape[1] // 2
     hidden = w2_q.shape[1]

@@ -125,10 +125,13 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     warn_other_kernel(data, profile)
     bound_profile = load_profile("h200")
-    if args.tile_tflops is not None and args.tile_tflops <= 0:
-        ap.error("--tile-tflops must be positive")
-    rows = [gap_result(r, profile, data.get("config", {}), bound_profile, args.alone, args.tile_tflops)
-            for r in picked]
+    if args.tile_tflops is not None and not 1.0 <= args.tile_tflops <= 1e5:  # NaN fails too
+        ap.error(f"--tile-tflops must be a GPU's tile rate in TFLOP/s, between 1 and 100000 (got {args.tile_tflops})")
+    try:  # e.g. a result whose layout the padding step does not model
+        rows = [gap_result(r, profile, data.get("config", {}), bound_profile, args.alone, args.tile_tflops)
+                for r in picked]
+    except ValueError as exc:
+        ap.error(str(exc))
     cols = ["as built", *STEPS]
     how = "each idealisation on its own" if args.alone else "with each idealisation added to the ones before"
     rate = f"{args.tile_tflops:g} TFLOP/s" if args.tile_tflops else "the bound's peak"

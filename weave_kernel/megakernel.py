@@ -184,6 +184,14 @@ def workspace_bytes(*, hidden: int, inter: int, num_experts: int, top_k: int, wo
     kernel=, hf.replace_moe_blocks shares one per geometry). `MoEMegakernel.workspace_bytes()` sums what an
     object did allocate; the GPU tests check that the two agree. expert_dtype "fp8": h in e4m3 with its scales,
     the received rows' scales, and the quantized x with its scales ("other")."""
+    sizes = {"hidden": hidden, "inter": inter, "num_experts": num_experts, "top_k": top_k, "world": world,
+             "max_tokens": max_tokens, "shared_inter": shared_inter, "num_ctas": num_ctas}
+    for name, v in sizes.items():
+        least = 0 if name == "shared_inter" else 1
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
+    check_geometry(hidden, inter, num_experts, top_k, world, world, shared_inter)
+    check_options(num_ctas=num_ctas, timeline_per_cta=timeline_per_cta)
     fp8 = check_expert_dtype(expert_dtype) == "fp8"
     if fp8 and (hidden % FP8_BLOCK or inter % FP8_BLOCK or shared_inter % FP8_BLOCK):
         raise ValueError(f"FP8 experts need hidden, inter and shared_inter multiples of {FP8_BLOCK}, got "

@@ -154,8 +154,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         num_sms = load_profile(args.profile).num_sms
-        if args.gemm_scale <= 0:
-            raise ValueError("--gemm-scale must be > 0")
+        if not (np.isfinite(args.gemm_scale) and args.gemm_scale > 0):
+            raise ValueError(f"--gemm-scale must be a finite number > 0, got {args.gemm_scale}")
+        if args.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if args.fp8 < 0 or not np.isfinite(args.fp8):
             raise ValueError("--fp8 must be a finite number > 0 (0: bf16 experts)")
         worlds = parse_ints(args.gpus, "--gpus")
@@ -188,7 +190,11 @@ def main(argv=None) -> int:
         futs = [pool.submit(predict_config, m, g, t, args.profile, args.seed, spec, STATIC_GRID, weave_grid,
                             args.gemm_scale, lay, args.nosteal, args.placement, args.shared, args.fp8)
                 for m, g, t, lay in jobs]
-        rows = [f.result() for f in futs]
+        try:  # what only a configuration can refuse (e.g. a generator parameter out of range), said once
+            rows = [f.result() for f in futs]
+        except ValueError as exc:
+            pool.shutdown(cancel_futures=True)
+            ap.error(str(exc))
     print(f"simulator ({args.profile}{f', GEMM x{args.gemm_scale}' if args.gemm_scale != 1.0 else ''}"
           f"{f', FP8 experts, tiles x{args.fp8}' if args.fp8 else ''}), kernel "
           f"scheduling, routing {spec.describe()}, {args.placement} placement, seed {args.seed}, "

@@ -38,6 +38,7 @@ def moe_reference(
     shared_scale: None (weight 1) or [N], each token's weight for the shared expert. Returns y [N, H] float32.
     """
     num_experts, two_i, _ = w13.shape
+    check_routing(x, topk_ids, topk_weights, num_experts)
     inter = two_i // 2
     xf = x.float()
     y = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
@@ -55,6 +56,23 @@ def moe_reference(
         ys = shared_ffn(xf, shared[0].float(), shared[1].float())
         y += ys if shared_scale is None else ys * shared_scale.float()[:, None]
     return y
+
+
+def check_routing(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> None:
+    """The references' own input check (independent of the kernel's, weave_kernel/validate.py): x [N, H],
+    topk_ids [N, k] integer ids in [0, num_experts), topk_weights [N, k]. A negative id would otherwise index
+    from the end (expert E - 1 for -1) and a short id tensor would drop tokens, both without a word."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [num_tokens, hidden], got shape {tuple(x.shape)}")
+    n = x.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != n or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids and topk_weights must both be [{n}, top_k] for x of {n} tokens, got "
+                         f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise ValueError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    if topk_ids.numel() and not 0 <= int(topk_ids.min()) <= int(topk_ids.max()) < num_experts:
+        raise ValueError(f"expert ids must lie in [0, {num_experts}), got [{int(topk_ids.min())}, "
+                         f"{int(topk_ids.max())}]")
 
 
 def shared_ffn(x: torch.Tensor, w13s: torch.Tensor, w2s: torch.Tensor) -> torch.Tensor:
@@ -166,6 +184,7 @@ def ep_moe_reference(
                              "experts a bf16 one, (w13s, w2s), as the megakernel does"
                              if fp8 else "bf16 experts take a bf16 shared expert (w13s, w2s), not (e4m3, scales) pairs")
     num_local = (w13_local[0] if fp8 else w13_local).shape[0]
+    check_routing(x, topk_ids, topk_weights, expert_owner.numel())
 
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     world = dist.get_world_size(group) if distributed else 1

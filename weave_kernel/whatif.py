@@ -126,10 +126,13 @@ def parse_variant(text: str) -> tuple[str, float]:
                 s = float(text.split(":", 1)[1])
             except ValueError:
                 s = -1.0
-            if s > 0 or (kind == "piece" and s == 0):
+            if kind in ("decide", "piece") and s > 1e9:
+                raise ValueError(f"variant {text!r}: a fixed cost of more than 1 s (1e9 ns)")
+            if math.isfinite(s) and (s > 0 or (kind == "piece" and s == 0)):
                 return kind, s
     raise ValueError(f"unknown variant {text!r}: use 'dedup', 'nosteal', 'queue', 'gemm:S', 'push:S', 'energy:S' or "
-                     "'fp8:S' with S > 0 (e.g. gemm:1.2), 'decide:NS' with NS > 0, 'piece:NS' with NS >= 0, or 'pad:R'")
+                     "'fp8:S' with a finite S > 0 (e.g. gemm:1.2), 'decide:NS' with NS > 0, 'piece:NS' with NS >= 0, "
+                     "or 'pad:R'")
 
 
 def result_workload(result: dict, dispatch_rows=None):
@@ -294,7 +297,10 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     warn_other_kernel(data, profile)
     cfg = data.get("config", {})
-    rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
+    try:  # a variant the results cannot take (pad:R on a layout without padding, queue without pieces, ...)
+        rows = [whatif_result(r, profile, cfg, args.variant) for r in picked]
+    except ValueError as exc:
+        ap.error(str(exc))
     what = " + ".join(_describe(kind, factor) for kind, factor in steps)
     built = "every SM waiting for the choice (before 9caebac)" if steps[0][0] == "decide" else "the kernel as built"
     print(f"simulator ({args.profile}): {built} vs {what}")
