@@ -14,7 +14,7 @@ import numpy as np
 from .placement import PLACEMENTS, Placement, balanced_per_layer, make_placement
 from .presets import PRESETS, SPEC_HELP, ModelPreset, get_model
 from .profile import HardwareProfile, load_profile
-from .traces.generators import GENERATORS
+from .traces.generators import GENERATORS, MAX_ROUTING_ENTRIES
 
 DEFAULT_MODEL = "gpt-oss-20b"
 DEFAULT_OUT = Path("weave-out")
@@ -82,8 +82,10 @@ class Resolved:
         }
 
 
-#: Most routing entries (tokens x MoE layers x top-k) a run generates or forms: 2 GiB of int64.
-MAX_ROUTING_ENTRIES = 1 << 28
+#: Most routing entries (tokens x MoE layers x top-k) a run generates or forms: 2 GiB of int64 (MAX_ROUTING_ENTRIES,
+#: defined with the generators, which check it too). Most pair counts a run's layer workloads hold (GPUs x GPUs x
+#: experts per layer, LayerWorkload.pair_counts, times the layers run): 2 GiB of int64 as well.
+MAX_PAIR_COUNT_ENTRIES = 1 << 28
 
 
 def resolve(cfg: RunConfig) -> Resolved:
@@ -104,6 +106,11 @@ def resolve(cfg: RunConfig) -> Resolved:
     layer_ids = np.arange(num_layers) if cfg.layers is None else np.asarray(cfg.layers)
     if layer_ids.size == 0 or layer_ids.min() < 0 or layer_ids.max() >= num_layers:
         raise ValueError(f"--layers must lie in [0, {num_layers})")
+    pair_entries = cfg.num_gpus * cfg.num_gpus * model.num_experts * layer_ids.size
+    if pair_entries > MAX_PAIR_COUNT_ENTRIES:
+        raise ValueError(f"--gpus {cfg.num_gpus}: {cfg.num_gpus} x {cfg.num_gpus} GPUs x {model.num_experts} experts x "
+                         f"{layer_ids.size} layers is more pair counts than a run holds ({MAX_PAIR_COUNT_ENTRIES} "
+                         f"entries): use fewer --gpus, or fewer --layers")
     if num_tokens * num_layers * model.top_k > MAX_ROUTING_ENTRIES:
         raise ValueError(f"{num_tokens} tokens x {num_layers} layers x top-{model.top_k} is more routing than a "
                          f"run holds ({MAX_ROUTING_ENTRIES} entries): use fewer --gpus / --tokens, or a model with "

@@ -8,6 +8,7 @@ seeded from shared measurements and say so in `source`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,8 @@ _FIXED_KEYS = {"launch", "host_sync", "grid_barrier", "task_claim", "signal", "c
 # optional: "dispatch_piece", the megakernel's cost per dispatch piece (fence + flag; engine/dag.py), else `signal`
 _OPTIONAL_FIXED_KEYS = {"dispatch_piece"}
 _POWER_KEYS = {"cap_w", "base_w", "w_per_tflops", "exponent"}
+# The most a fixed cost may be: 1000 s, far above any hardware's and far below what int64 nanoseconds hold.
+MAX_FIXED_NS = 1e12
 
 
 @dataclass(frozen=True)
@@ -153,12 +156,16 @@ class HardwareProfile:
                           self.gemm_peak_tflops)
 
     def efficiency(self, num_chunks: int) -> float:
-        """Chunk efficiency eff(K) <= 1; K must be one of the calibrated chunk counts."""
+        """Chunk efficiency eff(K) <= 1; K must be one of the calibrated chunk counts (a table, no interpolation:
+        a profile may calibrate only some K, and the policies that pick K pick among those; the cost model's
+        default set, costtable.DEFAULT_CHUNKS, needs every one of its K)."""
         try:
             return self.chunk_eff[int(num_chunks)]
         except KeyError:
             raise ProfileError(
-                f"profile {self.name}: no chunk efficiency for K={num_chunks}; known {sorted(self.chunk_eff)}"
+                f"profile {self.name}: no chunk efficiency for K={num_chunks} in its chunk_eff (it gives K = "
+                f"{', '.join(map(str, sorted(self.chunk_eff)))}); the cost model needs eff(K) for every K it may "
+                f"choose: add chunk_eff[\"{num_chunks}\"] to the profile (weave-sim calibrate measures it)"
             ) from None
 
     def to_dict(self) -> dict:
@@ -182,6 +189,24 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
         if not cond:
             raise ProfileError(f"{origin}: {msg}")
 
+    def get(obj: dict, key: str, label: str):
+        need(key in obj, f"missing key {label!r}")
+        return obj[key]
+
+    def num(value, label: str, *, lo: float = 0.0, lo_ok: bool = False, hi: float | None = None) -> float:
+        """A finite number > lo (>= lo with lo_ok) and <= hi, else a ProfileError naming the field and the value."""
+        x = _float(value)
+        bound = f"{'>=' if lo_ok else '>'} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+        need(x is not None and (x >= lo if lo_ok else x > lo) and (hi is None or x <= hi),
+             f"{label} must be a finite number {bound}, got {value!r}")
+        return x
+
+    def count(value, label: str, lo: int = 1) -> int:
+        """An integer >= lo (an integral float such as 128.0 too)."""
+        x = _float(value)
+        need(x is not None and x == int(x) and x >= lo, f"{label} must be an integer >= {lo}, got {value!r}")
+        return int(x)
+
     need(isinstance(data, dict), "profile must be a JSON object")
     unknown = set(data) - _TOP_KEYS
     need(not unknown, f"unknown keys {sorted(unknown)}")
@@ -189,10 +214,25 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     for key in ("name", "gpu", "num_sms", "nvlink", "gemm", "hbm_gbs", "chunk_eff", "rho", "fixed_ns"):
         need(key in data, f"missing key {key!r}")
     nv, gm = data["nvlink"], data["gemm"]
-    ctas, gbs = _table(nv.get("push_gbs_by_ctas"), "nvlink.push_gbs_by_ctas", need)
+    for key, obj in (("nvlink", nv), ("gemm", gm), ("chunk_eff", data["chunk_eff"]), ("fixed_ns", data["fixed_ns"])):
+        need(isinstance(obj, dict), f"{key} must be a JSON object, got {type(obj).__name__} {obj!r:.60}")
+    ctas, gbs = _table(get(nv, "push_gbs_by_ctas", "nvlink.push_gbs_by_ctas"), "nvlink.push_gbs_by_ctas", need)
     need(np.all(np.diff(gbs) >= 0), "nvlink.push_gbs_by_ctas must be non-decreasing")
-    rows, rate = _table(gm.get("per_sm_tflops_by_rows"), "gemm.per_sm_tflops_by_rows", need)
+    # (0 CTAs push nothing, implicitly: bandwidth_gbs; every count the table names must move data)
+    need(gbs[0] > 0, f"nvlink.push_gbs_by_ctas: GB/s must be > 0 at every CTA count, got {gbs[0]:g} at "
+                     f"{ctas[0]:g} CTAs")
+    rows, rate = _table(get(gm, "per_sm_tflops_by_rows", "gemm.per_sm_tflops_by_rows"), "gemm.per_sm_tflops_by_rows",
+                        need)
     need(np.all(np.diff(rate) >= 0), "gemm.per_sm_tflops_by_rows must be non-decreasing")
+    need(rate[0] > 0, f"gemm.per_sm_tflops_by_rows: TFLOP/s must be > 0 at every row count, got {rate[0]:g} at "
+                      f"{rows[0]:g} rows per expert")
+    peak_tflops = num(get(gm, "peak_tflops", "gemm.peak_tflops"), "gemm.peak_tflops")
+    nv_peak = num(nv["peak_gbs"], "nvlink.peak_gbs") if "peak_gbs" in nv else float(gbs.max())
+    tile_rows = count(gm.get("tile_rows", 128), "gemm.tile_rows")
+    tile_cols = count(gm.get("tile_cols", 128), "gemm.tile_cols")
+    for key in ("fp8_scale", "fp8_fixed_scale"):  # (applied by fp8_profile)
+        if key in gm:
+            num(gm[key], f"gemm.{key}")
     scale_ctas = scale = None
     if "scale_by_ctas" in gm:
         scale_ctas, scale = _table(gm["scale_by_ctas"], "gemm.scale_by_ctas", need)
@@ -201,50 +241,69 @@ def profile_from_dict(data: dict, origin: str = "<dict>") -> HardwareProfile:
     if "k_fixed" in gm:
         kf = gm["k_fixed"]
         need(isinstance(kf, dict) and {"share", "k"} <= set(kf), "gemm.k_fixed needs 'share' and 'k'")
-        k_share, k_cal = float(kf["share"]), float(kf["k"])
-        need(0.0 <= k_share < 1.0 and k_cal > 0, "gemm.k_fixed: share must lie in [0, 1) and k be > 0")
+        k_share, k_cal = _float(kf["share"]), _float(kf["k"])
+        need(k_share is not None and k_cal is not None and 0.0 <= k_share < 1.0 and k_cal > 0,
+             f"gemm.k_fixed: share must lie in [0, 1) and k be > 0, got share {kf['share']!r} and k {kf['k']!r}")
     for key in ("half_tile_cost", "fp8_half_tile_cost"):  # (the FP8 one is applied by fp8_profile)
         v = gm.get(key, 0.5)
         need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0,
              f"gemm.{key} must be a number in (0, 1]")
     half_cost = float(gm.get("half_tile_cost", 0.5))
-    eff = {int(k): float(v) for k, v in data["chunk_eff"].items()}
-    need(1 in eff and all(0 < v <= 1 for v in eff.values()), "chunk_eff needs K=1 and values in (0, 1]")
-    need(0.0 <= float(data["rho"]) <= 1.0, "rho must lie in [0, 1]")
-    fixed = {k: int(v) for k, v in data["fixed_ns"].items()}
+    hbm_gbs = num(data["hbm_gbs"], "hbm_gbs")
+    eff = {}
+    for k, v in data["chunk_eff"].items():
+        eff[count(k, "chunk_eff: a chunk count K")] = num(v, f"chunk_eff[{k!r}]", hi=1.0)
+    need(1 in eff, f"chunk_eff needs K=1, got K = {sorted(eff)}")
+    rho = num(data["rho"], "rho", lo_ok=True, hi=1.0)
+    fixed = {k: int(num(v, f"fixed_ns.{k}", lo_ok=True, hi=MAX_FIXED_NS)) for k, v in data["fixed_ns"].items()}
     need(_FIXED_KEYS <= set(fixed) <= _FIXED_KEYS | _OPTIONAL_FIXED_KEYS,
          f"fixed_ns must have exactly {sorted(_FIXED_KEYS)}, and may have {sorted(_OPTIONAL_FIXED_KEYS)}")
-    need(all(v >= 0 for v in fixed.values()), "fixed_ns values must be >= 0")
-    need(int(data["num_sms"]) > 1, "num_sms must be > 1")
+    num_sms = count(data["num_sms"], "num_sms", lo=2)
     power = None
     if "power" in data:
         pw = data["power"]
         need(isinstance(pw, dict) and _POWER_KEYS <= set(pw), f"power needs {sorted(_POWER_KEYS)}")
-        vals = {k: float(pw[k]) for k in _POWER_KEYS}
-        vals["w_per_tbs"] = float(pw.get("w_per_tbs", 0.0))
-        need(vals["w_per_tbs"] >= 0, "power: w_per_tbs must be >= 0")
-        vals["pad_energy"] = float(pw.get("pad_energy", 1.0))
-        need(0.0 <= vals["pad_energy"] <= 1.0, "power: pad_energy must lie in [0, 1]")
+        vals = {k: num(pw[k], f"power.{k}", lo_ok=True) for k in sorted(_POWER_KEYS)}
+        vals["w_per_tbs"] = num(pw.get("w_per_tbs", 0.0), "power.w_per_tbs", lo_ok=True)
+        vals["pad_energy"] = num(pw.get("pad_energy", 1.0), "power.pad_energy", lo_ok=True, hi=1.0)
         need(vals["cap_w"] > vals["base_w"] >= 0, "power: cap_w must exceed base_w >= 0")
         need(vals["w_per_tflops"] > 0 and vals["exponent"] >= 0, "power: w_per_tflops > 0 and exponent >= 0")
         power = PowerModel(**vals)
     return HardwareProfile(
-        name=str(data["name"]), gpu=str(data["gpu"]), num_sms=int(data["num_sms"]),
+        name=str(data["name"]), gpu=str(data["gpu"]), num_sms=num_sms,
         version=str(data.get("version", "")), source=str(data.get("source", "")),
-        bw_ctas=ctas, bw_gbs=gbs, nvlink_peak_gbs=float(nv.get("peak_gbs", gbs.max())),
-        gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=float(gm["peak_tflops"]),
-        tile_rows=int(gm.get("tile_rows", 128)), tile_cols=int(gm.get("tile_cols", 128)),
-        hbm_gbs=float(data["hbm_gbs"]), chunk_eff=eff, rho=float(data["rho"]), fixed_ns=fixed, power=power,
+        bw_ctas=ctas, bw_gbs=gbs, nvlink_peak_gbs=nv_peak,
+        gemm_rows=rows, gemm_per_sm_tflops=rate, gemm_peak_tflops=peak_tflops,
+        tile_rows=tile_rows, tile_cols=tile_cols,
+        hbm_gbs=hbm_gbs, chunk_eff=eff, rho=rho, fixed_ns=fixed, power=power,
         raw=data, gemm_scale_ctas=scale_ctas, gemm_scale=scale, gemm_k_fixed_share=k_share, gemm_k_cal=k_cal,
         gemm_half_tile_cost=half_cost,
     )
 
 
+def _float(value) -> float | None:
+    """`value` (a number, or a string of one: JSON keys) as a finite float; None where it is none (NaN, infinity,
+    a bool, a list, ...)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _table(obj, label: str, need) -> tuple[np.ndarray, np.ndarray]:
     need(isinstance(obj, dict) and len(obj) >= 2, f"{label} must map at least two x values to y values")
-    pairs = sorted((float(k), float(v)) for k, v in obj.items())
+    pairs = []
+    for k, v in obj.items():
+        x, y = _float(k), _float(v)
+        need(x is not None and y is not None and x > 0 and y >= 0,
+             f"{label}: x must be > 0 and y >= 0, finite numbers, got {k!r}: {v!r}")
+        pairs.append((x, y))
+    pairs.sort()
     xs, ys = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-    need(np.all(xs > 0) and np.all(ys >= 0), f"{label}: x must be > 0 and y >= 0")
+    need(np.all(np.diff(xs) > 0), f"{label}: an x value appears twice")
     return xs, ys
 
 

@@ -214,6 +214,9 @@ def workload_from_counts(source_expert_pairs, dispatch_rows, model: ModelPreset,
     rows = np.asarray(dispatch_rows, dtype=np.int64)
     tokens = np.asarray(tokens_per_gpu, dtype=np.int64)
     num_gpus, num_experts = placement.num_gpus, model.num_experts
+    if placement.num_experts != num_experts:  # (e.g. a result's placement_owner of the wrong length)
+        raise ValueError(f"placement ({placement.kind}) has {placement.num_experts} expert owners, {model.name} has "
+                         f"{num_experts} experts")
     if pairs.shape != (num_gpus, num_experts) or rows.shape != (num_gpus, num_gpus) or tokens.shape != (num_gpus,):
         raise ValueError(f"counts must be [{num_gpus}, {num_experts}], [{num_gpus}, {num_gpus}] and [{num_gpus}]; "
                          f"got {pairs.shape}, {rows.shape}, {tokens.shape}")

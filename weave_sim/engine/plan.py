@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The most combine chunks (K) a policy spec (static:C:K) may ask for on a GPU. K cuts a GPU's GEMM row blocks into K
+#: groups whose combine starts as each group's GEMMs end; the kernel chooses among 1, 2, 4 and 8
+#: (costtable.DEFAULT_CHUNKS), so a few hundred is far beyond anything it runs, and the engine builds tasks per chunk
+#: and GPU (a huge K only exhausts memory). Plans a policy derives from the layer itself (kernel:*, one chunk per row
+#: block) are not bound by it.
+MAX_CHUNKS = 256
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -51,7 +58,7 @@ class Plan:
         if len(self.num_comm_sms) != len(self.num_chunks):
             raise ValueError("plan: num_comm_sms and num_chunks need one entry per GPU")
         if any(k < 1 for k in self.num_chunks):
-            raise ValueError("plan: num_chunks must be >= 1")
+            raise ValueError(f"plan {self.label}: num_chunks must be >= 1, got {self.num_chunks}")
 
     @property
     def num_gpus(self) -> int:

@@ -11,6 +11,7 @@ where the returned params are the resolved values (JSON-able), recorded in the t
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 
@@ -23,10 +24,33 @@ from weave_sim.traces.stats import expert_loads, token_reuse, zipf_exponent
 #: load per layer at large token counts. The real GPT-OSS-20B trace averages 2.45 (2.0-3.6 by layer).
 DEFAULT_IMBALANCE = 2.0
 
+#: Most routing entries (tokens x MoE layers x top-k) a run generates or forms: 2 GiB of int64 (weave_sim.config
+#: checks a run's against it too).
+MAX_ROUTING_ENTRIES = 1 << 28
+
+
+def _numbers(value, name: str, scalar: bool = False) -> np.ndarray:
+    """A parameter that must be a finite number (scalar) or a number or (nested) list of them, as float64; else a
+    ValueError naming it and its value."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if (arr is None or isinstance(value, (bool, str, bytes)) or (scalar and arr.ndim != 0)
+            or (arr.size and not np.all(np.isfinite(arr)))):
+        what = "one finite number" if scalar else "a finite number or a list of finite numbers"
+        raise ValueError(f"parameter {name} must be {what}, got {value!r:.200}")
+    return arr
+
+
+def _number(value, name: str) -> float:
+    """A parameter that must be one finite number."""
+    return float(_numbers(value, name, scalar=True))
+
 
 def _per_layer(value, num_layers: int, name: str) -> np.ndarray:
     """A scalar or a `[num_layers]` sequence as float64 `[num_layers]`."""
-    arr = np.asarray(value, dtype=np.float64)
+    arr = _numbers(value, name)
     if arr.ndim == 0:
         return np.full(num_layers, float(arr))
     if arr.shape != (num_layers,):
@@ -104,12 +128,14 @@ def drifting(rng, num_experts, top_k, num_layers, num_tokens, *, s=None, imbalan
     ids; skew as for `zipf`.
     """
     exponents = _zipf_exponents(num_experts, top_k, num_layers, s, imbalance)
-    drift = num_experts / 64 if drift_experts_per_1k_tokens is None else float(drift_experts_per_1k_tokens)
-    layer_shift = num_experts / 8 if layer_shift_experts is None else float(layer_shift_experts)
+    drift = (num_experts / 64 if drift_experts_per_1k_tokens is None
+             else _number(drift_experts_per_1k_tokens, "drift_experts_per_1k_tokens"))
+    layer_shift = num_experts / 8 if layer_shift_experts is None else _number(layer_shift_experts, "layer_shift_experts")
     ranks = sampling.sample_topk(rng, sampling.zipf_weights(num_experts, exponents), num_tokens, top_k)
     offset = (np.arange(num_tokens)[:, None] * drift / 1000.0 + np.arange(num_layers)[None, :] * layer_shift)
-    # The same integer rotation for every slot of a token keeps its k experts distinct.
-    ids = (ranks + np.floor(offset).astype(np.int64)[:, :, None]) % num_experts
+    # The same integer rotation for every slot of a token keeps its k experts distinct. (Reduced mod E before the cast,
+    # so that a huge drift or shift rotates as it says instead of overflowing int64; the same ids otherwise.)
+    ids = (ranks + np.floor(np.mod(offset, num_experts)).astype(np.int64)[:, :, None]) % num_experts
     return ids, {"s": exponents.round(6).tolist(), "drift_experts_per_1k_tokens": drift,
                  "layer_shift_experts": layer_shift}
 
@@ -152,12 +178,22 @@ def load_profile(rng, num_experts, top_k, num_layers, num_tokens, *, profile="ol
         table = prof.total_counts() if domain == "all" else prof.counts[domain]
         profile_layer_idx, profile_num_layers = prof.layer_idx, prof.num_model_layers
     else:
-        table = np.asarray(counts, dtype=np.float64)
+        table = _numbers(counts, "counts")
         if table.ndim == 1:
             table = table[None, :]
+        if table.ndim != 2 or table.shape[1] < 1:
+            raise ValueError(f"parameter counts must be [E_src] or [P, E_src] per-expert counts, got shape {table.shape}")
         profile, domain = "explicit", None
         profile_layer_idx = range(table.shape[0]) if profile_layer_idx is None else profile_layer_idx
         profile_num_layers = table.shape[0] if profile_num_layers is None else profile_num_layers
+        idx = _numbers(list(profile_layer_idx), "profile_layer_idx")
+        if idx.shape != (table.shape[0],):
+            raise ValueError(f"parameter profile_layer_idx must give one model layer per row of counts "
+                             f"({table.shape[0]}), got {list(profile_layer_idx)!r:.200}")
+        num = _number(profile_num_layers, "profile_num_layers")
+        if num < 1 or num != int(num) or np.any(idx < 0) or np.any(idx >= num):
+            raise ValueError(f"parameter profile_num_layers must be an integer >= 1 above every profile_layer_idx, "
+                             f"got {profile_num_layers!r} for layers {idx.tolist()!r:.200}")
     table = np.asarray(table, dtype=np.float64)
     if np.any(table < 0) or np.any(table.sum(axis=1) <= 0):
         raise ValueError("profile counts must be non-negative with a positive total per layer")
@@ -206,6 +242,11 @@ def fitted(rng, num_experts, top_k, num_layers, num_tokens, *, source=None, imba
     the source's fitted exponents as they are. Reuse is reproduced by keeping each slot's expert from
     the previous token with a probability solved from the mean-field model in `sticky`.
     """
+    for name, value in (("imbalance", imbalance), ("reuse", reuse), ("zipf_s", zipf_s)):
+        if value is not None and _numbers(value, name).ndim > 1:
+            raise ValueError(f"parameter {name} must be a number or a per-layer list, got {value!r:.200}")
+    if source is not None and not isinstance(source, (RoutingTrace, str, Path)):
+        raise ValueError(f"parameter source must be a RoutingTrace or a trace path, got {source!r:.200}")
     if imbalance is None or reuse is None or (match == "zipf" and zipf_s is None):
         if source is None:
             measured = _default_fit_params()
@@ -258,13 +299,18 @@ def generate(kind: str, *, num_experts: int, top_k: int, num_layers: int, num_to
         raise ValueError(f"top_k must be in 1..num_experts ({num_experts}), got {top_k}")
     if num_layers < 1 or num_tokens < 1:
         raise ValueError(f"num_layers and num_tokens must be >= 1, got {num_layers}, {num_tokens}")
+    if num_tokens * num_layers * top_k > MAX_ROUTING_ENTRIES:
+        raise ValueError(f"{num_tokens} tokens x {num_layers} layers x top-{top_k} is more routing than a trace "
+                         f"holds ({MAX_ROUTING_ENTRIES} entries): use fewer tokens, or a model with fewer layers")
     rng = np.random.default_rng(seed)
     try:
         ids, resolved = GENERATORS[kind](rng, num_experts, top_k, num_layers, num_tokens, **params)
     except TypeError as exc:
         if "unexpected keyword" in str(exc):
             raise ValueError(f"generator {kind!r}: {exc}") from None
-        raise
+        # a parameter of the wrong type that no check above caught (e.g. a list where a name belongs)
+        raise ValueError(f"generator {kind!r}: a parameter has the wrong type ({exc}); given "
+                         f"{ {k: v for k, v in params.items() if not isinstance(v, RoutingTrace)}!r:.300}") from None
     meta = {"generator": kind, "seed": seed, "params": resolved, "source": "synthetic"}
     return RoutingTrace(ids, metadata=meta)
 

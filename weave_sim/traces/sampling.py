@@ -212,7 +212,7 @@ def zipf_exponent_for_imbalance(num_experts: int, top_k: int, imbalance_per_laye
     ceiling = num_experts / top_k
     if top_k >= num_experts and np.all(target == 1.0):
         return np.zeros_like(target)  # every expert is always chosen: any exponent gives 1
-    if np.any(target < 1.0) or np.any(target >= ceiling):
+    if not np.all((target >= 1.0) & (target < ceiling)):  # (NaN fails too)
         raise ValueError(f"imbalance (max/mean load) must be in [1, {ceiling:g}) for "
                          f"{num_experts} experts and top-{top_k}, got {target.min():g}..{target.max():g}")
     lo = np.zeros_like(target)

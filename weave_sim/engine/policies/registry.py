@@ -20,9 +20,12 @@ POLICIES = {
 
 def parse_policy(spec: str):
     """Split 'name[:arg]' and return (run function, arg); unknown names raise ValueError listing the known."""
-    name, _, arg = spec.partition(":")
+    name, sep, arg = spec.partition(":")
     if name not in POLICIES:
         raise ValueError(f"unknown policy {spec!r}; known: {', '.join(policy_names())} (static takes ':C[:K]')")
+    if sep and not all(arg.split(":")):  # 'weave:', 'static:', 'kernel:weave:' (the kernel's parse_policy agrees)
+        raise ValueError(f"policy {spec!r}: empty argument after ':'; drop the ':' or give the argument "
+                         "(static:C[:K], oracle:fast, kernel:P)")
     return POLICIES[name], (arg or None)
 
 

@@ -5,7 +5,7 @@ arrive. No bubble stealing; combine starts after all GEMMs (K=1) unless K is giv
 """
 from __future__ import annotations
 
-from ..plan import Plan
+from ..plan import MAX_CHUNKS, Plan
 
 
 def plan(ctx, num_comm_sms: int, num_chunks: int = 1) -> Plan:
@@ -22,4 +22,7 @@ def run(ctx, arg):
         raise ValueError(f"static:{arg}: C and K must be integers, e.g. static:20 or static:20:4") from None
     if len(parts) > 2:
         raise ValueError(f"static:{arg}: expected static:C or static:C:K")
+    if len(parts) == 2 and not 1 <= parts[1] <= MAX_CHUNKS:
+        raise ValueError(f"static:{arg}: K (combine chunks per GPU) must lie in [1, {MAX_CHUNKS}], got {parts[1]} "
+                         "(the kernel chooses among 1, 2, 4 and 8)")
     return ctx.simulate(plan(ctx, *parts))
