@@ -17,7 +17,7 @@ from pathlib import Path
 from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
 from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
-from .report import format_table, write_json
+from .report import check_output_dir, check_output_file, format_table, write_json, write_text
 from .validate import TIMINGS
 from .workload import model_workloads
 
@@ -221,8 +221,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            power_path=args.power, power=not args.no_power, hbm_power=not args.no_hbm_power,
                            workers=args.workers, concurrency_path=args.gemm_concurrency, k_fixed_path=args.gemm_k,
                            decision_traces=args.decision, piece_cost=args.piece_cost, timing=args.timing, **kw)
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(prof, indent=1))
+        write_text(args.output, json.dumps(prof, indent=1), "profile")
     else:
         prof = calibrate_file(args.measurements, args.output, base=args.base, name=args.name, power_path=args.power,
                               power=not args.no_power, hbm_power=not args.no_hbm_power,
@@ -337,17 +336,40 @@ def _add_optional_commands(sub) -> None:
     add_sim_commands(sub)
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Fail before a command's work when where it would write is unusable: its --out folder (simulate, sweep,
+    costmodel, validate) an existing file, or its output file (-o, --json) an existing folder (report.OutputError)."""
+    if isinstance(getattr(args, "out", None), Path):
+        check_output_dir(args.out, "--out folder")
+    for attr in ("output", "json"):
+        if isinstance(getattr(args, attr, None), Path):
+            check_output_file(getattr(args, attr), "output file")
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as one line naming the file: report.OutputError's own message, else "<file>: <reason>"."""
+    if exc.strerror is None or exc.filename is None:
+        return str(exc)
+    files = str(exc.filename) + ("" if exc.filename2 is None else f" -> {exc.filename2}")
+    return f"{files}: {exc.strerror}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    name = " ".join(str(x) for x in (args.command, getattr(args, "trace_command", None)) if x)
     try:
+        check_outputs(args)
         return args.func(args)
     except BrokenPipeError:  # output piped into `head` and friends
         sys.stderr.close()
         return 0
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"weave-sim {args.command}: error: {msg}", file=sys.stderr)
+        print(f"weave-sim {name}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # FileNotFoundError, IsADirectoryError, PermissionError, a full disk, ...
+        print(f"weave-sim {name}: error: {_os_error(exc)}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,9 @@
 """Plain-text tables and JSON result files shared by the CLI commands."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +41,51 @@ def _jsonable(obj):
     return obj
 
 
-def write_json(path: Path, payload: dict) -> Path:
-    """Write `payload` (numpy values allowed) as indented JSON, creating parent folders."""
+class OutputError(OSError):
+    """An output file or folder cannot be written; the message names it and why (the CLI prints it as an error)."""
+
+
+def _not_a_folder(path: Path, what: str) -> None:
+    """OutputError when a folder above `path` exists as something else than a folder (a regular file)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"cannot write {what} {path}: {os.strerror(errno.ENOTDIR)} ({parent} is a file)")
+            return
+
+
+def check_output_dir(path, what: str = "output folder") -> Path:
+    """`path` if it is a folder or can be created as one (nothing in its way), else OutputError: for commands that
+    write a folder of results, checked before they compute them."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(payload), indent=1))
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"cannot write {what} {path}: {os.strerror(errno.ENOTDIR)} (it is a file)")
+    _not_a_folder(path, what)
     return path
 
+
+def check_output_file(path, what: str = "output file") -> Path:
+    """`path` unless it is an existing folder or lies below a file (OutputError): checked before a command's work."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {what} {path}: {os.strerror(errno.EISDIR)}")
+    _not_a_folder(path, what)
+    return path
+
+
+def write_text(path, text: str, what: str = "output file") -> Path:
+    """Write `text` to `path`, creating parent folders; OutputError ("cannot write <what> <path>: <why>") when it
+    cannot be written (a folder in its place, no permission, a full disk)."""
+    path = check_output_file(path, what)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def write_json(path: Path, payload: dict, what: str = "results") -> Path:
+    """Write `payload` (numpy values allowed) as indented JSON, creating parent folders; OutputError when it cannot
+    be written."""
+    return write_text(path, json.dumps(_jsonable(payload), indent=1), what)

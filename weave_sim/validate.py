@@ -10,6 +10,7 @@ the measured best), and the gain of `weave` over the best static split, predicte
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,7 +114,11 @@ def _layer_from_result(r: dict):
     c = r.get("counts")
     if c is None:
         raise ValueError(f"result {r['model']}/{r['tokens_per_gpu']} has no 'counts': re-run the kernel benchmark")
-    return workload_from_counts(c["source_expert_pairs"], c["dispatch_rows"], model, placement, c["tokens_per_gpu"])
+    try:
+        return workload_from_counts(c["source_expert_pairs"], c["dispatch_rows"], model, placement,
+                                    c["tokens_per_gpu"])
+    except ValueError as exc:  # shapes that do not fit the layer, inconsistent or non-integer counts
+        raise ValueError(f"{result_name(r)}: {exc}") from None
 
 
 def profile_for_result(r: dict, profile: HardwareProfile) -> HardwareProfile:
@@ -247,13 +252,114 @@ def result_fp8(r: dict) -> bool:
     return dtype == "fp8"
 
 
-def bench_results(data: dict) -> list[dict]:
-    """The results of a loaded benchmark file, each naming its kernel's deciders ("kernel_deciders"; for results
-    that do not, dated by the file's kernel_sources: see TABLE_DECIDER_SOURCES)."""
+#: Integer fields every benchmark result needs (the layer the simulator rebuilds), each >= 1.
+RESULT_INTS = ("tokens_per_gpu", "gpus", "experts", "top_k", "hidden", "inter")
+#: The arrays of a result's "counts" (workload_from_counts checks their shapes).
+COUNT_KEYS = ("source_expert_pairs", "dispatch_rows", "tokens_per_gpu")
+
+
+def _is_int(v) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+
+
+def _is_time(v) -> bool:
+    """A usable measured time in ms: a finite number > 0."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def result_name(r: dict, i: int | None = None) -> str:
+    """A benchmark result in messages: "result 3 (qwen3-30b-a3b/2048)" (its position, model and tokens per GPU)."""
+    what = "/".join(str(r.get(k, "?")) for k in ("model", "tokens_per_gpu")) if isinstance(r, dict) else "?"
+    return f"result {'' if i is None else f'{i} '}({what})"
+
+
+def check_result(r, where: str, i: int | None = None, error: type[Exception] = ValueError,
+                 require: bool = True) -> dict:
+    """`r` if it is a benchmark result the simulator can read, else `error` naming `where` (the file), the result and
+    the field: an object with "model" (a string), the RESULT_INTS (integers >= 1), "latency_ms" (an object of
+    policy -> finite time > 0), and where present and not null: "counts" (an object of the COUNT_KEYS' arrays),
+    "layer" and "num_ctas" (integers), "placement_owner" (a list), "weave_choice" (an object whose "kernel" is a list
+    of objects or nulls, each with an integer "comm_ctas_used"). require=False: the fields' types only where they
+    are present (a result assembled in code may carry only what its caller reads)."""
+    if not isinstance(r, dict):
+        raise error(f"{where}: result {'' if i is None else f'{i} '}is {str(r)[:80]}, not an object")
+    name = f"{where}: {result_name(r, i)}"
+    if "model" not in r:
+        if require:
+            raise error(f"{name}: has no 'model'")
+    elif not isinstance(r["model"], str):
+        raise error(f"{name}: model {r['model']!r} is not a string")
+    for key in RESULT_INTS:
+        if key not in r:
+            if require:
+                raise error(f"{name}: has no {key!r}")
+        elif not (_is_int(r[key]) and r[key] >= 1):
+            raise error(f"{name}: {key} {r[key]!r} is not an integer >= 1")
+    if "latency_ms" not in r:
+        if require:
+            raise error(f"{name}: has no 'latency_ms'")
+    else:
+        lat = r["latency_ms"]
+        if not isinstance(lat, dict):
+            raise error(f"{name}: latency_ms must be an object of policy -> time in ms, got {str(lat)[:80]}")
+        for pol, t in lat.items():
+            if not _is_time(t):
+                raise error(f"{name}: latency_ms[{pol!r}] is {t!r}, not a finite time > 0 ms")
+    c = r.get("counts")
+    if c is not None:
+        if not isinstance(c, dict):
+            raise error(f"{name}: counts must be an object with {', '.join(COUNT_KEYS)}, got {str(c)[:80]}")
+        for key in COUNT_KEYS:
+            if not isinstance(c.get(key), list):
+                raise error(f"{name}: counts[{key!r}] must be an array, got {str(c.get(key))[:80]}")
+    for key in ("layer", "num_ctas"):
+        if r.get(key) is not None and not _is_int(r[key]):
+            raise error(f"{name}: {key} {r[key]!r} is not an integer")
+    if r.get("placement_owner") is not None and not isinstance(r["placement_owner"], list):
+        raise error(f"{name}: placement_owner must be an array of owner ranks, got {str(r['placement_owner'])[:80]}")
+    choice = r.get("weave_choice")
+    if choice is not None:
+        kernel = choice.get("kernel") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict) or not (kernel is None or (isinstance(kernel, list) and all(
+                u is None or (isinstance(u, dict) and _is_int(u.get("comm_ctas_used"))) for u in kernel))):
+            raise error(f"{name}: weave_choice must be an object whose 'kernel' lists each rank's "
+                        f"{{'comm_ctas_used': C}} (or null), got {str(choice)[:120]}")
+    return r
+
+
+def _results_list(data, path, error: type[Exception] = ValueError) -> list:
+    """data["results"] of a loaded benchmark file ([] if it has none); `error` naming `path` when the file is not an
+    object or its results not a list of objects."""
+    if not isinstance(data, dict):
+        raise error(f"{path}: a kernel benchmark file must be a JSON object with 'results', got "
+                    f"{type(data).__name__}")
+    results = data.get("results")
+    if results is None:
+        return []
+    if not isinstance(results, list):
+        raise error(f"{path}: 'results' must be a list of benchmark results, got {str(results)[:80]}")
+    for i, r in enumerate(results):
+        if not isinstance(r, dict):
+            raise error(f"{path}: result {i} is {str(r)[:80]}, not an object")
+    return results
+
+
+def check_bench(data, path="the benchmark", error: type[Exception] = ValueError, require: bool = True) -> list[dict]:
+    """The results of a loaded benchmark file, each checked by check_result; `error` naming `path` when the file is
+    not an object with a 'results' list."""
+    return [check_result(r, str(path), i, error, require) for i, r in enumerate(_results_list(data, path, error))]
+
+
+def bench_results(data: dict, path="the benchmark", error: type[Exception] = ValueError) -> list[dict]:
+    """The results of a loaded benchmark file, the types of their fields checked (check_result with require=False:
+    `error` naming `path`, the result and the field; read_bench also requires the fields), each naming its kernel's
+    deciders ("kernel_deciders"; for results that do not, dated by the file's kernel_sources: see
+    TABLE_DECIDER_SOURCES)."""
     from .calibrate import bench_kernel_sources
 
+    results = check_bench(data, path, error, require=False)
     dated = "table" if bench_kernel_sources(data) in TABLE_DECIDER_SOURCES else "all"
-    return [r if "kernel_deciders" in r else {**r, "kernel_deciders": dated} for r in data.get("results") or []]
+    return [r if "kernel_deciders" in r else {**r, "kernel_deciders": dated} for r in results]
 
 
 def kernel_sources_warning(bench: dict, profile: HardwareProfile) -> str | None:
@@ -284,17 +390,20 @@ def dispatch_warning(bench: dict, profile: HardwareProfile) -> str | None:
 TIMINGS = ("bench", "sustained")  # which of a result's times stand for its latency (timed_as)
 
 
-def read_bench(path, timing: str = "bench") -> dict:
-    """A kernel benchmark file (python -m weave_kernel.bench), checked to hold results with latencies; ValueError
-    naming the file otherwise. timing 'sustained': as timed_as gives it."""
-    data = read_json(path, "kernel benchmark results")
+def read_bench(path, timing: str = "bench", error: type[Exception] = ValueError) -> dict:
+    """A kernel benchmark file (python -m weave_kernel.bench), checked to hold results with latencies, each result
+    readable (check_result, on the times `timing` picks); `error` naming the file (and the result and field)
+    otherwise. timing 'sustained': as timed_as gives it."""
+    data = read_json(path, "kernel benchmark results", error)
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in results):
-        raise ValueError(f"{path} is not a kernel benchmark file (python -m weave_kernel.bench writes one: "
-                         f"'results', each with 'latency_ms')")
+        raise error(f"{path} is not a kernel benchmark file (python -m weave_kernel.bench writes one: "
+                    f"'results', each with 'latency_ms')")
     if not results:
-        raise ValueError(f"{path}: no 'results' in the kernel benchmark file")
-    return timed_as(data, timing, path)
+        raise error(f"{path}: no 'results' in the kernel benchmark file")
+    data = timed_as(data, timing, path)
+    check_bench(data, path, error)
+    return data
 
 
 def timed_as(data: dict, timing: str, path="the benchmark") -> dict:
@@ -309,11 +418,14 @@ def timed_as(data: dict, timing: str, path="the benchmark") -> dict:
     if timing == "bench":
         return data
     out = []
-    for r in data["results"]:
+    for i, r in enumerate(_results_list(data, path)):
         if not r.get("sustained_ms"):
             raise ValueError(f"{path}: result {r.get('model')}/{r.get('tokens_per_gpu')} has no sustained_ms "
                              "(benchmark with bench --sustained S to validate sustained timings)")
-        passes = [p for runs in (r.get("sustained_gpu_state") or {}).values() for p in runs]  # [pass][rank]
+        if not isinstance(r["sustained_ms"], dict):
+            raise ValueError(f"{path}: {result_name(r, i)}: sustained_ms must be an object of policy -> time in ms, "
+                             f"got {str(r['sustained_ms'])[:80]}")
+        passes = [p for runs in _sustained_states(r).values() for p in _passes(runs)]  # [pass][rank]
         state = [None if m is None else {"sm_mhz_median": m} for m in _rank_clocks(passes, np.median)]
         out.append({**r, "latency_ms": dict(r["sustained_ms"]), "gpu_state": state or None, "timing": "sustained",
                     "policy_mhz": policy_clocks(r)})
@@ -324,7 +436,24 @@ def policy_clocks(r: dict) -> dict:
     """{policy: [per rank, the mean over its sustained passes of the median SM clock]} of one benchmark result
     (bench --sustained records each policy's passes apart; calibrate fits power_scale to these), None for a rank
     without samples."""
-    return {pol: _rank_clocks(passes, np.mean) for pol, passes in (r.get("sustained_gpu_state") or {}).items()}
+    return {pol: _rank_clocks(_passes(runs), np.mean) for pol, runs in _sustained_states(r).items()}
+
+
+def _sustained_states(r: dict) -> dict:
+    """A result's sustained_gpu_state ({policy: its passes' gpu_state}), {} when it has none (or not an object)."""
+    states = r.get("sustained_gpu_state")
+    return states if isinstance(states, dict) else {}
+
+
+def _passes(runs) -> list:
+    """One policy's sustained gpu_state as [pass][rank] summaries: bench records a list of passes, each a list of
+    the ranks'; files written before it kept the passes apart (docs/results/power/bench_sustained_1gpu.json) hold one
+    summary per rank, taken here as one pass."""
+    if not isinstance(runs, list):
+        return []
+    if runs and all(p is None or isinstance(p, dict) for p in runs):
+        return [runs]
+    return [p for p in runs if isinstance(p, list)]
 
 
 def _rank_clocks(passes: list, reduce) -> list:
@@ -332,7 +461,8 @@ def _rank_clocks(passes: list, reduce) -> list:
     without samples."""
     out = []
     for g in range(max((len(p) for p in passes), default=0)):
-        mhz = [p[g]["sm_mhz_median"] for p in passes if g < len(p) and p[g] and "sm_mhz_median" in p[g]]
+        mhz = [p[g]["sm_mhz_median"] for p in passes
+               if g < len(p) and isinstance(p[g], dict) and _is_time(p[g].get("sm_mhz_median"))]
         out.append(float(reduce(mhz)) if mhz else None)
     return out
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..report import write_text
 from .amend import amend_decision, amend_half_tile, write_amended
 from .fit import (FIT_PARAMS, OPTIONAL_FIT_PARAMS, FitPool, apply_fit, bench_kernel_sources, fit_error, fit_profile,
                   scaled_profile)
@@ -86,6 +87,5 @@ def calibrate_file(measurements_path: Path, out_path: Path, base: str = "h200", 
         prof["power"].pop("w_per_tbs", None)
     if params_from is not None:
         prof = apply_fit(prof, params_from)
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(prof, indent=1))
+    write_text(out_path, json.dumps(prof, indent=1), "profile")
     return prof

@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from ..jsonfile import read_json
 from ..profile import load_profile, profile_from_dict
+from ..report import write_text
 from .fit import FitPool, _golden, fit_error
 from .measured import CalibrationError
 from .traces import decision_from_traces
@@ -29,8 +29,7 @@ def write_amended(prof: dict, out_path: Path, name: str | None, suffix: str, not
     prof["source"] = prof.get("source", "") + note
     prof["calibration"] = {**(prof.get("calibration") or {}), key: record}
     profile_from_dict(prof, origin=origin)  # validates
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(prof, indent=1))
+    write_text(out_path, json.dumps(prof, indent=1), "profile")
     return prof
 
 
@@ -65,11 +64,12 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     everything else unchanged. Results of FP8 experts fit gemm.fp8_half_tile_cost instead (what fp8_profile
     applies to FP8 tiles; it starts from the bf16 value), and a file with both kinds is refused: bench runs one
     kind per process. timing: 'bench' or 'sustained' (validate.timed_as). Its version gains "+half" ("+half8")."""
-    from ..validate import bench_results, timed_as
+    from ..validate import bench_results, read_bench
 
     src = load_profile(profile)
-    bench = timed_as(read_json(bench_path, "kernel benchmark", CalibrationError), timing, bench_path)
-    results = [r for r in bench_results(bench) if r.get("kernel_layout") == "expert-packed-half"]
+    bench = read_bench(bench_path, timing, CalibrationError)  # every result's times and fields checked
+    results = [r for r in bench_results(bench, bench_path, CalibrationError)
+               if r.get("kernel_layout") == "expert-packed-half"]
     if not results:
         raise CalibrationError(f"{bench_path}: no result ran half tiles (kernel_layout 'expert-packed-half'; bench "
                                "records it since sources eb48d782, for FP8 experts since 0f660e73)")

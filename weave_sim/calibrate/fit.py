@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..jsonfile import read_json
 from ..profile import load_profile, profile_from_dict
 from .measured import (CONCURRENCY_NOTE, K_FIXED_NOTE, CalibrationError, _add_note, gemm_concurrency_curve,
                        gemm_k_fixed, power_model, read_measurements)
@@ -193,12 +192,11 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     if unknown or not params:
         raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
                                f"got {tuple(params)}")
-    bench = read_json(bench_path, "kernel benchmark", CalibrationError)
-    from ..validate import bench_results, timed_as
+    from ..validate import bench_results, read_bench
 
-    bench = timed_as(bench, timing, bench_path)
-
-    bench = {**bench, "results": [r for r in bench_results(bench) if r["tokens_per_gpu"] >= min_tokens]}
+    bench = read_bench(bench_path, timing, CalibrationError)  # every result's times and fields checked
+    bench = {**bench, "results": [r for r in bench_results(bench, bench_path, CalibrationError)
+                                  if r["tokens_per_gpu"] >= min_tokens]}
     if not bench["results"]:
         raise CalibrationError(f"{bench_path}: no configuration with at least {min_tokens} tokens per GPU (--min-tokens)")
     measured = sorted({p for r in bench["results"] for p in r["latency_ms"] if p != "reference"})

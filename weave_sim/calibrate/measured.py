@@ -4,6 +4,7 @@ profile built from them (build_profile). The measurement format is in weave_sim.
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
@@ -115,8 +116,14 @@ def gemm_k_fixed(measurements: dict) -> dict:
 
 
 def chunk_efficiency(points: list[dict]) -> dict[str, float]:
-    """eff(K) = time(K=1) / time(K), capped at 1 (chunking never counts as a speedup of the GEMMs)."""
-    times = {int(p["chunks"]): float(p["time_ns"]) for p in points}
+    """eff(K) = time(K=1) / time(K), capped at 1 (chunking never counts as a speedup of the GEMMs); K an integer
+    >= 1 and the time > 0 at every point."""
+    times = {}
+    for p in points:
+        k, t = p.get("chunks"), p.get("time_ns")
+        if not (_finite(k) and float(k).is_integer() and k >= 1 and _finite(t) and t > 0):
+            raise CalibrationError(f"bad chunks point {p} (chunks an integer >= 1, time_ns > 0)")
+        times[int(k)] = float(t)
     if 1 not in times:
         raise CalibrationError("chunks measurements need K=1")
     return {str(k): round(min(1.0, times[1] / t), 6) for k, t in sorted(times.items())}
@@ -199,6 +206,7 @@ def build_profile(measurements: dict, base: str = "h200", name: str | None = Non
     """A profile dictionary from measurements, falling back to `base` for what was not measured.
     concurrency: also the GEMM rate's dependence on the number of computing SMs (gemm.scale_by_ctas).
     k_fixed_from: measurements with tiles timed at several K (gemm_k_fixed) for gemm.k_fixed."""
+    check_measurements(measurements)
     missing = [k for k in REQUIRED if k not in measurements]
     if missing:
         raise CalibrationError(f"measurements lack {missing}")
@@ -267,6 +275,75 @@ def _add_note(section: dict, note: str) -> None:
         section["note"] = section.get("note", "") + note
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+#: The lists of points a measurements file may hold, and the numbers each point must carry.
+POINT_FIELDS = {"nvlink_push": ("ctas", "gbs"), "gemm": ("ctas", "rows_per_expert", "tflops"),
+                "chunks": ("chunks", "time_ns"), "gemm_by_k": ("k", "ctas", "rows_per_expert", "tile_us")}
+#: The power block's lists of points, and the numbers their points may carry (absent or null: left out of the fit).
+POWER_POINT_FIELDS = {"points": ("ctas", "tflops", "sm_mhz", "power_w"),
+                      "pad_points": ("ctas", "pad_fraction", "tflops", "sm_mhz", "power_w")}
+#: Single numbers of a measurements file (each finite and >= 0 where present).
+SCALAR_FIELDS = ("task_claim_ns", "signal_ns", "hbm_gbs", "gemm_peak_tflops", "decision_ns", "dispatch_piece_ns",
+                 "gemm_k")
+
+
+def check_measurements(m, where: str = "measurements") -> dict:
+    """`m` if its fields have the types the profile is built from, else a CalibrationError naming `where` (the
+    file), the field and the bad value: an object; num_sms an integer >= 1; the SCALAR_FIELDS finite numbers >= 0;
+    each list of POINT_FIELDS a list of objects with those fields finite numbers (chunks: an integer >= 1 with a
+    time_ns > 0); power an object whose limit_w is a number and whose points and pad_points are lists of objects
+    with numbers (or nulls) in POWER_POINT_FIELDS, hbm an object of numbers. Only the fields present are checked
+    (a power file, a piece-cost file or a gemm_by_k file holds a few of them); the curves check the rest."""
+    if not isinstance(m, dict):
+        raise CalibrationError(f"{where}: measurements must be a JSON object, got {type(m).__name__}")
+    if "num_sms" in m and not (_finite(m["num_sms"]) and float(m["num_sms"]).is_integer() and m["num_sms"] >= 1):
+        raise CalibrationError(f"{where}: num_sms {m['num_sms']!r} is not an integer >= 1")
+    for key in SCALAR_FIELDS:
+        if m.get(key) is not None and not (_finite(m[key]) and m[key] >= 0):
+            raise CalibrationError(f"{where}: {key} {m[key]!r} is not a finite number >= 0")
+
+    def points(pts, name: str, fields: tuple, optional: bool = False) -> None:
+        if not isinstance(pts, list):
+            raise CalibrationError(f"{where}: {name} must be a list of points {{{', '.join(fields)}}}, got "
+                                   f"{str(pts)[:80]}")
+        for i, p in enumerate(pts):
+            if not isinstance(p, dict):
+                raise CalibrationError(f"{where}: {name}[{i}] is {str(p)[:80]}, not a point {{{', '.join(fields)}}}")
+            for f in fields:
+                v = p.get(f)
+                if not (_finite(v) or (optional and v is None)):
+                    raise CalibrationError(f"{where}: {name}[{i}] {f} {v!r} is not a finite number (point {p})")
+
+    for key, fields in POINT_FIELDS.items():
+        if key in m:
+            points(m[key], key, fields)
+    for i, p in enumerate(m.get("chunks") or []):
+        if not (float(p["chunks"]).is_integer() and p["chunks"] >= 1 and p["time_ns"] > 0):
+            raise CalibrationError(f"{where}: chunks[{i}] {p}: chunks must be an integer >= 1 and time_ns > 0")
+    if "power" in m:
+        power = m["power"]
+        if not isinstance(power, dict):
+            raise CalibrationError(f"{where}: power must be an object (limit_w, points, hbm, pad_points), got "
+                                   f"{str(power)[:80]}")
+        if power.get("limit_w") is not None and not (_finite(power["limit_w"]) and power["limit_w"] > 0):
+            raise CalibrationError(f"{where}: power.limit_w {power['limit_w']!r} is not a number > 0")
+        for key, fields in POWER_POINT_FIELDS.items():
+            if power.get(key) is not None:
+                points(power[key], f"power.{key}", fields, optional=True)
+        hbm = power.get("hbm")
+        if hbm is not None:
+            if not isinstance(hbm, dict):
+                raise CalibrationError(f"{where}: power.hbm must be an object (tbs, power_w, sm_mhz), got {hbm!r}")
+            for f in ("tbs", "power_w", "sm_mhz"):
+                if hbm.get(f) is not None and not _finite(hbm[f]):
+                    raise CalibrationError(f"{where}: power.hbm {f} {hbm[f]!r} is not a finite number")
+    return m
+
+
 def read_measurements(path) -> dict:
-    """A measurements (or benchmark) JSON file, or a CalibrationError naming it."""
-    return read_json(path, "measurements", CalibrationError)
+    """A measurements (or benchmark) JSON file, or a CalibrationError naming it: unreadable, or a field of the
+    wrong type (check_measurements)."""
+    return check_measurements(read_json(path, "measurements", CalibrationError), str(path))

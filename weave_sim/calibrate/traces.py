@@ -13,8 +13,9 @@ from .measured import CalibrationError, read_measurements
 
 def _trace_sources(path: str):
     """(name, events or None) for a Chrome trace file, or for each JSON member of a tar archive (.tgz, .tar.gz,
-    .tar: e.g. the results_TAG.tgz a device run brings back); None for JSON that is not a Chrome trace."""
-    from ..timeline_stats import load_events
+    .tar: e.g. the results_TAG.tgz a device run brings back); None for JSON that is not a Chrome trace. A Chrome
+    trace with an event that cannot be read (timeline_stats.TraceEventError) is a CalibrationError naming it."""
+    from ..timeline_stats import TraceEventError, load_events
 
     if path.endswith((".tgz", ".tar.gz", ".tar")):
         import tarfile
@@ -23,11 +24,14 @@ def _trace_sources(path: str):
             with tarfile.open(path) as tar:
                 for member in sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")),
                                      key=lambda m: m.name):
+                    name = f"{Path(path).name}:{Path(member.name).name}"
                     try:
-                        doc = json.loads(tar.extractfile(member).read())
-                        yield f"{Path(path).name}:{Path(member.name).name}", load_events(doc)
+                        events = load_events(json.loads(tar.extractfile(member).read()), name)
+                    except TraceEventError as exc:
+                        raise CalibrationError(f"decision: {exc}") from None
                     except (ValueError, AttributeError):
-                        yield member.name, None
+                        events, name = None, member.name
+                    yield name, events
         except (OSError, tarfile.TarError) as exc:
             raise CalibrationError(f"decision: cannot read archive {path}: {exc}") from None
         return

@@ -3,7 +3,8 @@
     add_trace_commands(subparsers)      # then: args = parser.parse_args(); return args.func(args)
 
 Every subcommand sets `func` to a handler taking the parsed args and returning an exit code; a
-TraceError or ValueError becomes a one-line message on stderr and exit code 2.
+TraceError, ValueError or OSError (e.g. an output path that is a folder) becomes a one-line message on stderr and
+exit code 2.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from weave_sim.presets import PRESETS, SPEC_HELP, get_model
-from weave_sim.traces.format import (RoutingTrace, TraceError, choose_model, load_trace, open_numpy_file,
-                                     parse_metadata, save_trace, validate_trace)
+from weave_sim.report import write_text
+from weave_sim.traces.format import (NPZ_READ_ERRORS, RoutingTrace, TraceError, choose_model, load_trace,
+                                     open_numpy_file, parse_metadata, save_trace, validate_trace)
 from weave_sim.traces.generators import GENERATORS, generate
 from weave_sim.traces.stats import format_stats_table, trace_stats
 
@@ -60,6 +62,10 @@ def _guarded(handler):
         except (TraceError, ValueError, KeyError) as exc:
             print(f"weave-sim trace {args.trace_command}: error: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:  # report.OutputError names the file; others: the file and the reason
+            where = "" if exc.filename is None or exc.strerror is None else f"{exc.filename}: "
+            print(f"weave-sim trace {args.trace_command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+            return 2
     run.__name__ = handler.__name__
     run.__doc__ = handler.__doc__
     return run
@@ -72,7 +78,7 @@ def cmd_stats(args) -> int:
     print(format_stats_table(stats))
     if args.json is not None:
         stats = {"file": str(args.file), **stats}
-        args.json.write_text(json.dumps(stats, indent=2, allow_nan=True) + "\n")
+        write_text(args.json, json.dumps(stats, indent=2, allow_nan=True) + "\n", "statistics file")
     return 0
 
 
@@ -107,12 +113,14 @@ def _read_any(path: Path) -> tuple[dict, dict]:
     data = open_numpy_file(path, "input", ".npz or .npy file")
     if isinstance(data, np.ndarray):
         return {"topk_ids": data}, {}
-    with data:
-        arrays = {k: data[k] for k in ("topk_ids", "topk_probs", "request_id", "position") if k in data.files}
-        dropped = sorted(set(data.files) - set(arrays) - {"metadata"})
-        meta = {}
-        if "metadata" in data.files:
-            meta = parse_metadata(data["metadata"], f"{path}: ")
+    try:
+        with data:
+            arrays = {k: data[k] for k in ("topk_ids", "topk_probs", "request_id", "position") if k in data.files}
+            dropped = sorted(set(data.files) - set(arrays) - {"metadata"})
+            raw_meta = data["metadata"] if "metadata" in data.files else None
+    except NPZ_READ_ERRORS as exc:  # a damaged member: bad CRC, a broken deflate stream, a truncated array
+        raise TraceError(f"{path}: not a readable npz file ({exc})") from None
+    meta = parse_metadata(raw_meta, f"{path}: ")
     if dropped:
         meta["dropped_keys"] = dropped
     return arrays, meta

@@ -16,15 +16,20 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from weave_sim.presets import PRESETS, ModelPreset, get_model
+from weave_sim.report import OutputError, check_output_file
 
 #: Keys of the interchange format; everything else in an npz is ignored on load.
 TRACE_KEYS = ("topk_ids", "topk_probs", "request_id", "position", "metadata")
+#: What reading a damaged npz member can raise: a bad zip structure or CRC (BadZipFile), a damaged deflate stream
+#: (zlib.error), a truncated or malformed array (ValueError, EOFError, OSError).
+NPZ_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
 
 
 class TraceError(ValueError):
@@ -167,7 +172,7 @@ def open_numpy_file(path: Path, what: str = "trace file", formats: str = "npz fi
         raise TraceError(f"{path}: not in numpy's npz or .npy format (expected: {formats})")  # else: "a pickle"
     try:
         return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise TraceError(f"{path}: not a readable {formats} ({exc})") from None
 
 
@@ -180,7 +185,7 @@ def _read_npz(path: Path) -> dict:
     try:
         with data:
             return {key: data[key] for key in TRACE_KEYS if key in data.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+    except NPZ_READ_ERRORS as exc:
         # e.g. an object array (would need unpickling) or a corrupt member
         raise TraceError(f"{path}: not a readable npz file ({exc})") from None
 
@@ -260,9 +265,10 @@ def save_trace(path, trace: RoutingTrace) -> Path:
 
     Integers are stored at the smallest width that holds them; probabilities as float16 when that is
     exact, else float32. A trace whose metadata names a model is validated against it first, so a file
-    that would not load is never written. Returns the path written.
+    that would not load is never written. Returns the path written; report.OutputError (naming `path`) when it
+    cannot be written, e.g. a folder is in its place.
     """
-    path = Path(path)
+    path = check_output_file(Path(path), "trace file")
     if trace.model is not None:
         validate_trace(trace, resolve_model(trace.model), f"{path}: ")
     arrays = {"topk_ids": trace.topk_ids.astype(_smallest_int(trace.topk_ids))}
@@ -275,15 +281,26 @@ def save_trace(path, trace: RoutingTrace) -> Path:
         if value is not None:
             arrays[name] = value.astype(_smallest_int(value, (np.int32, np.int64)))
     arrays["metadata"] = np.array(json.dumps(trace.metadata, sort_keys=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Write beside the target and rename, so a failed write never leaves a truncated trace behind.
     # A file handle (not a name) also stops numpy from appending ".npz" to other suffixes.
     tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp_path, "wb") as fh:
             np.savez_compressed(fh, **arrays)
         os.replace(tmp_path, path)
+    except OSError as exc:
+        _remove(tmp_path)
+        raise OutputError(f"cannot write trace file {path}: {exc.strerror or exc}") from None
     except BaseException:
-        tmp_path.unlink(missing_ok=True)
+        _remove(tmp_path)
         raise
     return path
+
+
+def _remove(path: Path) -> None:
+    """Delete a temporary file if it is there (a failed clean-up must not hide the error that caused it)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
