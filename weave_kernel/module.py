@@ -172,6 +172,9 @@ class WeaveMoE(torch.nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+        for flag, v in (("norm_topk", norm_topk), ("score_bias", score_bias), ("check", check)):
+            if not isinstance(v, bool):  # "no" would read as True
+                raise ValueError(f"{flag} must be True or False, got {v!r}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be in [1, num_experts={num_experts}]")
         if n_group < 1 or num_experts % n_group or not 1 <= topk_group <= n_group:

@@ -100,3 +100,13 @@ def test_predict_refuses_bad_arguments_with_one_message(args, match, capsys):
 
 def test_factor_checks_keep_finite_numbers():
     assert math.isfinite(whatif.parse_variant("gemm:1e3")[1])
+
+
+@pytest.mark.parametrize("flag", ["norm_topk", "score_bias", "check"])
+def test_weave_moe_flags_must_be_booleans(flag):
+    from weave_kernel.module import WeaveMoE
+
+    kw = dict(hidden=64, inter=64, num_experts=4, top_k=2, max_tokens=8, backend="torch", device="cpu")
+    WeaveMoE(**kw, **{flag: False})
+    with pytest.raises(ValueError, match=f"{flag} must be True or False, got 'no'"):
+        WeaveMoE(**kw, **{flag: "no"})

@@ -111,6 +111,7 @@ def test_custom_model_spec_end_to_end(tmp_path, capsys):
     (["simulate", "--layers", "0", "--policy", "kernel:static:x"], "comm CTA counts must be integers"),
     (["simulate", "--layers", "0", "--policy", "kernel:static:4,8"], "one C for every GPU"),
     (["simulate", "--layers", "0", "--policy", "kernel:weave@a,b"], "comm CTA counts must be integers"),
+    (["simulate", "--layers", "0", "--policy", "kernel:weave@"], "'@' needs the recorded choices"),
     (["sweep", "--layers", "0", "--policies", ","], "--policies names no policy"),
     (["validate", "--workers", "0"], "--workers must be >= 1"),
 ])

@@ -54,6 +54,8 @@ def plan(ctx, spec: str) -> Plan:
             raise ValueError(f"kernel:{spec}: kernel:static takes one C for every GPU")
         return Plan(f"kernel:static:{c[0]}", c * G, chunks, combine_in_epilogue=True)
     name, at, recorded = name.partition("@")
+    if at and not recorded:
+        raise ValueError(f"kernel:{spec}: '@' needs the recorded choices after it, e.g. kernel:{name}@8,12")
     if name in ("weave", "weave-nosteal") and not (at and arg):
         given = arg or recorded
         if given:  # one C for every GPU, or one per GPU (@c0,c1,...: the choices a kernel run recorded)
