@@ -120,7 +120,7 @@ def test_unsupported_blocks_are_refused():
         describe_block(torch.nn.Linear(4, 4))
     block = _randomise(_blocks()["qwen3-moe"], seed=0)
 
-    class SomeOtherRouter(torch.nn.Module):  # a router whose rule hf.py has not read: refused, not guessed
+    class SomeOtherRouter(torch.nn.Module):  # a router whose rule hf/blocks.py has not read: refused, not guessed
         def __init__(self, w):
             super().__init__()
             self.weight, self.top_k = w, 2
@@ -247,11 +247,11 @@ def test_blocks_of_one_geometry_share_one_kernel(monkeypatch):
     it gets the kernel options, the later ones kernel= its kernel and none of them; share_kernel=False or the torch
     backend build none to share. (from_hf_block is recorded and run on the torch backend: no GPU here; gpu_worker
     runs blocks on one real kernel.)"""
-    import weave_kernel.hf as hf
+    import weave_kernel.hf.blocks as hf_blocks  # owns from_hf_block, which replace_moe_blocks calls
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    real = hf.from_hf_block
+    real = hf_blocks.from_hf_block
     calls = []
 
     def recorded(block, *, max_tokens, **kw):
@@ -260,7 +260,7 @@ def test_blocks_of_one_geometry_share_one_kernel(monkeypatch):
         m.layer = kw["kernel"] if kw.get("kernel") is not None else object()  # a new "kernel" per build
         return m
 
-    monkeypatch.setattr(hf, "from_hf_block", recorded)
+    monkeypatch.setattr(hf_blocks, "from_hf_block", recorded)
 
     def model():
         m = _qwen3_model(layers=4)

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import weave_kernel.hf as hf  # noqa: E402
+import weave_kernel.hf.checkpoint as hf_checkpoint  # noqa: E402  (owns _safe_open)
 from weave_kernel.hf import CheckpointError, UnsupportedBlock, load_model, replace_moe_blocks  # noqa: E402
 from weave_kernel.module import WeaveMoE  # noqa: E402
 
@@ -267,12 +267,12 @@ def _load_rank(rank: int, world: int, port: int, folders: dict, queue) -> None:
             name, layout, kind = case
             placement = contiguous(E, world) if kind == "contiguous" else explicit(SHUFFLED, world)
             reads = []
-            real = hf._safe_open
-            hf._safe_open = lambda f: _Recorder(real(f), reads)
+            real = hf_checkpoint._safe_open
+            hf_checkpoint._safe_open = lambda f: _Recorder(real(f), reads)
             try:
                 got = load_model(folders[case], max_tokens=64, backend="torch", device="cpu", placement=placement)
             finally:
-                hf._safe_open = real
+                hf_checkpoint._safe_open = real
             ref = AutoModelForCausalLM.from_pretrained(folders[case], dtype=torch.bfloat16)
             ids = _ids(40 + rank, 9 + 14 * rank)  # each rank its own sequence
             with torch.no_grad():

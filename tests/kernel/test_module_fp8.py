@@ -476,7 +476,7 @@ def test_an_fp8_block_with_a_shared_expert_runs_on_an_fp8_kernel_of_that_width()
 def test_expert_dtype_is_the_blocks_own_option():
     """Not one of the kernel options that kernel= forbids and hf's sharing blocks drop: blocks on one kernel say
     it."""
-    from weave_kernel.hf import _sharing
+    from weave_kernel.hf.blocks import _sharing
     from weave_kernel.module import kernel_options
 
     assert "expert_dtype" not in kernel_options() and "dispatch" in kernel_options()
