@@ -44,16 +44,19 @@ import torch.distributed as dist
 
 from weave_sim.placement import contiguous, expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
-from weave_sim.validate import KERNEL_DECIDERS, config_label, kernel_layout_for  # the layouts and deciders of this kernel
+from weave_sim.validate import KERNEL_DECIDERS, kernel_layout_for  # the layouts and deciders of this kernel
 from weave_sim.workload import expert_bytes
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
 from .megakernel import DEFAULT_COST_PROFILE, EXPERT_DTYPES, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
-from .gpu_state import GpuStateSampler, sustained_calls, sustained_ms
-from .symm import cuda_time_ms, init_ranks, interleaved_time_ms
+from .gpu_state import GpuStateSampler
+from .symm import init_ranks
 from .geometry import check_geometry
+from .bench_report import ab_summary, format_table, format_weave_table, graph_summary, ratio, run_header, weave_geomeans
+from .bench_timing import (ab_times, graph_of, host_us_per_call, max_over_ranks, sustained_times, time_policies,
+                           warm_gpu)
 
 DEFAULT_TOKENS = (128, 2048, 4096, 8192)
 DEFAULT_COMM = (8, 16, 20, 24, 32, 48)
@@ -131,47 +134,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.weave_nosteal and args.no_weave:
         ap.error("--weave-nosteal adds to the weave policies, which --no-weave leaves out")
     return args
-
-
-def sync_ranks() -> None:
-    torch.cuda.synchronize()
-    dist.barrier()
-    torch.cuda.synchronize()
-
-
-def time_call(fn, warmup: int, repeats: int, calls: int = 1) -> float:
-    """Median milliseconds of one fn() on this rank; ranks are synchronised before every repetition, and a
-    repetition times `calls` back-to-back calls (as a model runs its layers), so that the host's launch skew
-    between ranks, which the first call of a repetition absorbs, is amortised."""
-    return cuda_time_ms(fn, warmup, repeats, calls, before=sync_ranks)
-
-
-def time_policies(fns: dict, args) -> dict:
-    """{name: median ms on this rank} for every function of one configuration, in args.order."""
-    if args.order in ("interleaved", "alternating", "shuffled"):
-        return interleaved_time_ms(fns, args.warmup, args.repeats, args.calls_per_rep, before=sync_ranks,
-                                   alternate=args.order == "alternating",
-                                   shuffle_seed=args.seed if args.order == "shuffled" else None)
-    return {name: time_call(fn, args.warmup, args.repeats, args.calls_per_rep) for name, fn in fns.items()}
-
-
-def warm_gpu(seconds: float, dev) -> None:
-    """Busy the GPU for `seconds` with bf16 matmuls so the first configuration is not timed while clocks ramp."""
-    if seconds <= 0:
-        return
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(10):
-            a = (a @ a).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    dist.barrier()
-
-
-def max_over_ranks(v: float) -> float:
-    t = torch.tensor([v], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def kernel_sources(args) -> dict:
@@ -442,215 +404,6 @@ def shared_weights(hidden: int, inter_shared: int, fp8: bool, device, generator)
 
     q = tuple(quantize_weight(t) for t in w)
     return q, tuple(dequant_weight(*p).to(torch.bfloat16) for p in q)
-
-
-def host_us_per_call(fn, calls: int = 8) -> float:
-    """Microseconds the host takes to issue one eager call (checks, parameters, TMA descriptors, launch), timed
-    over `calls` calls issued back to back without a sync; the GPU runs them behind."""
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
-
-
-def graph_of(fn):
-    """(replay, output): fn (one layer call, check=False) captured in a CUDA graph and replayed once; output is the
-    tensor each replay writes (the caller compares it with the reference; kernel errors surface at the
-    benchmark's raise_if_error after timing). Every rank captures the same calls in the same order (a capture
-    runs nothing, so the device epoch counters stay in step)."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g.replay, y
-
-
-def sustained_times(fns: dict, args, world: int, sampler=None) -> dict:
-    """--sustained: every function back to back for about args.sustained seconds after 0.5 s idle, in the order
-    given and then in reverse (the GPU warms over the sequence: the mean of the two passes cancels a steady
-    drift); the same call count on every rank. Returns sustained_ms (slowest rank, mean of the passes) and
-    sustained_gpu_state (per pass, per rank)."""
-    times = {name: [] for name in fns}
-    states = {name: [] for name in fns}
-    for order in (list(fns), list(fns)[::-1]):
-        for name in order:
-            fn = fns[name]
-            calls = sustained_calls(fn, args.sustained, agree=lambda n: int(max_over_ranks(n)))
-            dist.barrier()
-            t, s0, s1 = sustained_ms(fn, args.sustained, idle_s=0.5, calls=calls)
-            times[name].append(max_over_ranks(t))
-            if sampler is not None:
-                state = [None] * world
-                dist.all_gather_object(state, sampler.summary(s0, s1))
-                states[name].append(state)
-    out = {"sustained_ms": {n: float(np.mean(t)) for n, t in times.items()},
-           "sustained_ms_passes": times}
-    if sampler is not None:
-        out["sustained_gpu_state"] = states
-    return out
-
-
-def ab_times(layer, other, pol: str, inputs, y_ref, args, kshared: dict | None = None) -> dict:
-    """--ab-csrc: the other kernel version (B) checked against the reference, then A (the package's kernel) and B
-    timed in alternation, one warm-up call before each repetition of each, so that both see the same GPU state:
-    A then B, then B then A (interleaved_time_ms's alternate; before 2026-12-03 A always went first, and B ran
-    right after A's calls), medians over pairs of rounds (args.repeats rounded up to even), slowest rank.
-    kshared: the shared expert's call arguments (--shared), the same for both versions."""
-    kshared = kshared or {}
-    y = other(*inputs, policy=pol, **kshared)  # checked call
-    err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
-    b_choice = None
-    if pol == "weave":  # B's own (c*, K*) per rank (another cost table may choose another split)
-        b_choice = [None] * dist.get_world_size()
-        dist.all_gather_object(b_choice, other.last_choice())
-    fa = lambda: layer(*inputs, policy=pol, check=False, **kshared)  # noqa: E731
-    fb = lambda: other(*inputs, policy=pol, check=False, **kshared)  # noqa: E731
-    t = interleaved_time_ms({"a": fa, "b": fb}, 0, args.repeats, args.calls_per_rep, before=sync_ranks, alternate=True)
-    layer.raise_if_error()
-    other.raise_if_error()
-    a, b = max_over_ranks(t["a"]), max_over_ranks(t["b"])
-    out = {"a_ms": a, "b_ms": b, "a_over_b": a / b, "b_rel_err_vs_reference": max_over_ranks(err)}
-    if b_choice is not None:
-        out["b_choice"] = b_choice
-    if getattr(args, "ab_sustained", 0) > 0:
-        out.update(ab_sustained_times({"a": fa, "b": fb}, args.ab_sustained))
-        layer.raise_if_error()
-        other.raise_if_error()
-    return out
-
-
-def ab_sustained_times(fns: dict, seconds: float) -> dict:
-    """--ab-sustained: A and B each alone for about `seconds` after 0.5 s idle (gpu_state.sustained_ms, the same call
-    count on every rank), in the order A, B, B, A, so that a steady drift cancels; each version's figure is the mean
-    of its two windows, slowest rank."""
-    ts = {"a": [], "b": []}
-    for name in ("a", "b", "b", "a"):
-        calls = sustained_calls(fns[name], seconds, agree=lambda n: int(max_over_ranks(n)))
-        dist.barrier()
-        t, _, _ = sustained_ms(fns[name], seconds, idle_s=0.5, calls=calls)
-        ts[name].append(max_over_ranks(t))
-    a, b = float(np.mean(ts["a"])), float(np.mean(ts["b"]))
-    return {"a_sustained_ms": a, "b_sustained_ms": b, "a_over_b_sustained": a / b, "sustained_windows_ms": ts}
-
-
-def graph_summary(rows: list[dict]) -> str:
-    """--cuda-graph ab: geomean t(eager) / t(graph replay) per policy, and the host's time to issue one call."""
-    pols = sorted({p for r in rows for p in r.get("graph_speedup", {})})
-    lines = ["CUDA graph replay against eager calls, same rounds: geomean t(eager) / t(replay), above 1 = replay faster"]
-    for p in pols:
-        v = [r["graph_speedup"][p] for r in rows if p in r.get("graph_speedup", {})]
-        host = [r["host_us_per_call"][p] for r in rows if p in r.get("host_us_per_call", {})]
-        lines.append(f"  {p:<12} {float(np.exp(np.mean(np.log(v)))):.3f}x over {len(v)} configs (range {min(v):.3f}-"
-                     f"{max(v):.3f}); host time per eager call {np.median(host):.0f} us (median)")
-    return "\n".join(lines)
-
-
-def ab_summary(rows: list[dict]) -> str:
-    """Geomean of t(A) / t(B) per policy over the configurations (above 1: B faster)."""
-    pols = sorted({p for r in rows for p in r.get("ab", {})})
-    lines = ["interleaved A/B (A = this package's kernel, B = --ab-csrc's, or the same kernel with --ab-cost-profile "
-             "or the other --dispatch): "
-             "geomean t(A) / t(B), above 1 = B faster"]
-    for p in pols:
-        v = [r["ab"][p]["a_over_b"] for r in rows if p in r.get("ab", {})]
-        worst = max(r["ab"][p]["b_rel_err_vs_reference"] for r in rows if p in r.get("ab", {}))
-        lines.append(f"  {p:<12} {float(np.exp(np.mean(np.log(v)))):.3f}x over {len(v)} configs "
-                     f"(range {min(v):.3f}-{max(v):.3f}; B's worst rel. error {worst:.1e})")
-        vs = [r["ab"][p]["a_over_b_sustained"] for r in rows if "a_over_b_sustained" in r.get("ab", {}).get(p, {})]
-        if vs:
-            lines.append(f"  {p + ' sust.':<12} {float(np.exp(np.mean(np.log(vs)))):.3f}x over {len(vs)} configs "
-                         f"(range {min(vs):.3f}-{max(vs):.3f}; each alone, --ab-sustained)")
-    return "\n".join(lines)
-
-
-def label_width(rows: list[dict]) -> int:
-    """Width of the model column: 20, or more for long names (model specs)."""
-    return max([20] + [len(config_label(r["model"], r.get("layer"))) + 1 for r in rows])
-
-
-def format_table(rows: list[dict], header: str) -> str:
-    w = label_width(rows)
-    lines = [header, f"{'model':<{w}}{'tok/GPU':>8}{'ref ms':>9}{'seq ms':>9}{'best static':>13}{'ms':>8}"
-             f"{'x ref':>7}{'x seq':>7}{'LB ms':>8}{'%LB':>6}{'GB/s':>7}{'TF/s':>7}{'err':>9}"]
-    for r in rows:
-        lat = r["latency_ms"]
-        b = r["best_static"]
-        lines.append(f"{config_label(r['model'], r.get('layer')):<{w}}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}"
-                     f"{lat.get('sequential', float('nan')):>9.3f}"
-                     f"{b:>13}{lat[b]:>8.3f}{r['speedup_best_static']:>7.2f}{r['speedup_sequential'] or float('nan'):>7.2f}"
-                     f"{r['lower_bound_ms']:>8.3f}{100 * r['fraction_of_lower_bound']:>6.1f}"
-                     f"{r['nvlink_gbs_per_gpu']:>7.0f}{r['tflops_per_gpu']:>7.0f}{r['max_rel_err_vs_reference']:>9.1e}")
-    return "\n".join(lines)
-
-
-def format_weave_table(rows: list[dict]) -> str:
-    """weave vs the best static:C (after the fact, per config) vs static:20 vs the reference."""
-    w = label_width(rows)
-    lines = [f"{'model':<{w}}{'tok/GPU':>8}{'ref ms':>9}{'best static':>13}{'ms':>8}{'st:20':>8}{'weave':>8}"
-             f"{'best weave:C':>14}{'ms':>8}{'w/best':>8}{'w/st20':>8}{'w/ref':>7}{'%LB':>6}  c*,K* per rank (agree)"]
-    for r in rows:
-        if "weave_vs_best_static" not in r:
-            continue
-        lat, b, bw = r["latency_ms"], r["best_static"], r.get("best_weave_c")
-        ch = r.get("weave_choice", {})
-        cks = " ".join(f"{k['c_star']},{k['k_star']}" if k else "?" for k in ch.get("kernel", []))
-        s20 = f"{lat['static:20']:>8.3f}" if "static:20" in lat else f"{'-':>8}"
-        w20 = f"{r['weave_vs_static20']:>8.2f}" if r.get("weave_vs_static20") else f"{'-':>8}"
-        bw_ms = f"{lat[bw]:>8.3f}" if bw else f"{'-':>8}"
-        lines.append(f"{config_label(r['model'], r.get('layer')):<{w}}{r['tokens_per_gpu']:>8}{lat['reference']:>9.3f}{b:>13}{lat[b]:>8.3f}{s20}"
-                     f"{lat['weave']:>8.3f}{(bw or '-'):>14}{bw_ms}"
-                     f"{r['weave_vs_best_static']:>8.2f}{w20}{r['weave_vs_reference']:>7.2f}"
-                     f"{100 * r['weave_fraction_of_lower_bound']:>6.1f}  {cks} ({all(ch.get('agrees', [False]))})")
-    return "\n".join(lines)
-
-
-def ratio(v) -> str:
-    """A speedup for the summary lines: '1.234x', or 'n/a' where the run lacks the policy it divides by."""
-    return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
-
-
-def weave_geomeans(rows: list[dict]) -> dict:
-    def geomean(v):
-        v = [x for x in v if x]
-        return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
-
-    out = {}
-    for label, sel in (("all", rows), ("prefill", [r for r in rows if r["tokens_per_gpu"] >= 2048])):
-        sel = [r for r in sel if "weave_vs_best_static" in r]
-        out[label] = {
-            "points": len(sel),
-            "weave_vs_best_static": geomean([r["weave_vs_best_static"] for r in sel]),
-            "weave_vs_static20": geomean([r["weave_vs_static20"] for r in sel]),
-            "weave_vs_reference": geomean([r["weave_vs_reference"] for r in sel]),
-            "best_static_vs_reference": geomean([r["speedup_best_static"] for r in sel]),
-        }
-        # the issue's baseline: one C for every config, chosen after the fact (the C best for the geomean)
-        common = set.intersection(*[{p for p in r["latency_ms"] if p.startswith("static:")} for r in sel]) if sel else set()
-        per_c = {p: geomean([r["latency_ms"][p] / r["latency_ms"]["weave"] for r in sel]) for p in common}
-        if per_c:
-            c1 = min(per_c, key=per_c.get)
-            out[label].update({"best_single_static": c1, "weave_vs_best_single_static": per_c[c1]})
-    lb = [r["weave_fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096 and
-          "weave_fraction_of_lower_bound" in r]
-    out["weave_fraction_of_lower_bound_4096_mean"] = float(np.mean(lb)) if lb else None
-    ns = [r["weave_vs_nosteal"] for r in rows if r.get("weave_vs_nosteal")]
-    if ns:
-        out["weave_vs_nosteal"] = geomean(ns)
-    agree = [a for r in rows for a in r.get("weave_choice", {}).get("agrees", [])]
-    out["choice_agreement"] = f"{sum(agree)}/{len(agree)}"
-    return out
-
-
-def run_header(args, world: int, gpu: str) -> str:
-    dtype = ("fp8 experts (e4m3, 128x128 block scales; reference bf16 on the dequantized weights)"
-             if getattr(args, "expert_dtype", "bf16") == "fp8" else "bf16")
-    return (f"MoE layer latency, {world}x {gpu}, EP={world}, {dtype}, tokens per GPU as listed, routing: "
-            f"{args.spec.describe()}, median of {args.repeats} repetitions of {args.calls_per_rep} back-to-back calls after "
-            f"{args.warmup} warm-up, policies timed {args.order}, {time.strftime('%Y-%m-%d')}")
 
 
 def main(argv=None) -> int:

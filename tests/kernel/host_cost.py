@@ -9,7 +9,7 @@ import argparse
 import torch
 
 from weave_kernel import validate
-from weave_kernel.bench import host_us_per_call
+from weave_kernel.bench_timing import host_us_per_call
 from weave_kernel.megakernel import MoEMegakernel, _current_raw_stream
 from weave_kernel.policies import parse_policy
 from weave_kernel.reference import make_weights

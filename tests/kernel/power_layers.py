@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from weave_kernel.bench import make_layer, max_over_ranks
+from weave_kernel.bench import make_layer
+from weave_kernel.bench_timing import max_over_ranks
 from weave_kernel.choice import counts_from_routing
 from weave_kernel.gpu_state import GpuStateSampler, sustained_calls, sustained_ms
 from weave_kernel.megakernel import DEFAULT_COST_PROFILE

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from weave_kernel.bench import ab_summary, format_weave_table, graph_summary, parse_args, ratio, weave_geomeans
+from weave_kernel.bench import parse_args
+from weave_kernel.bench_report import ab_summary, format_weave_table, graph_summary, ratio, weave_geomeans
 from weave_kernel.build import CSRC, load_extension, other_name
 
 
@@ -43,7 +44,7 @@ def test_ab_summary_adds_the_sustained_ratio_where_measured():
 
 def test_ab_sustained_times_alternate_a_b_b_a(monkeypatch):
     """--ab-sustained: each version alone for the window, A B B A, the mean of its two windows, slowest rank."""
-    from weave_kernel import bench
+    from weave_kernel import bench_timing as bench
 
     seen = []
     ms = {"a": iter([1.0, 1.2]), "b": iter([2.0, 2.4])}
@@ -136,7 +137,7 @@ def test_bench_without_cuda_says_so():
 
 def test_expert_dtype_option_and_header():
     """--expert-dtype: bf16 (the default) or fp8, named in the run's header; anything else is refused by argparse."""
-    from weave_kernel.bench import run_header
+    from weave_kernel.bench_report import run_header
     from weave_kernel.routing import spec_from_args
 
     def parsed(argv):
@@ -198,7 +199,7 @@ def test_ab_times_alternates_which_version_goes_first(monkeypatch):
 
     import torch
 
-    from weave_kernel import bench, symm
+    from weave_kernel import bench_timing as bench, symm
 
     order = []
 
@@ -237,7 +238,7 @@ def test_ab_times_passes_the_shared_expert_to_both_versions(monkeypatch):
 
     import torch
 
-    from weave_kernel import bench, symm
+    from weave_kernel import bench_timing as bench, symm
 
     seen = []
 

@@ -134,7 +134,7 @@ def test_sustained_calls_fill_the_window_and_agree(monkeypatch):
 def test_sustained_times_run_forward_then_reverse(monkeypatch):
     from types import SimpleNamespace
 
-    from weave_kernel import bench
+    from weave_kernel import bench_timing as bench
 
     order, drift = [], iter(range(100))
     monkeypatch.setattr(bench, "sustained_calls", lambda fn, s, agree: 10)
