@@ -18,7 +18,7 @@ from . import costmodel as cm
 from .config import DEFAULT_OUT, add_run_arguments, config_from_args, resolve
 from .presets import PRESETS, SPEC_HELP, WEAVE_EVAL_MODELS
 from .report import check_output_dir, check_output_file, format_table, write_json, write_text
-from .validate import TIMINGS
+from .benchfile import TIMINGS
 from .workload import model_workloads
 
 
@@ -82,8 +82,8 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile import load_profile
-    from .validate import (dispatch_warning, errors_by_policy, kernel_sources_warning, read_bench, summarize,
-                           validate_file)
+    from .benchfile import read_bench
+    from .validate import dispatch_warning, errors_by_policy, kernel_sources_warning, summarize, validate_file
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -8,7 +8,7 @@ import statistics as st
 import sys
 
 sys.path.insert(0, ".")
-from weave_sim.validate import policy_clocks  # noqa: E402
+from weave_sim.benchfile import policy_clocks  # noqa: E402
 
 
 def gm(x):

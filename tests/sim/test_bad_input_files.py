@@ -255,7 +255,7 @@ def test_calibrate_fits_refuse_unusable_results(tmp_path, capsys, bench_result, 
 
 
 def test_sustained_timings_are_checked_too(tmp_path, capsys, bench_result):
-    from weave_sim.validate import read_bench
+    from weave_sim.benchfile import read_bench
 
     path = tmp_path / "bench.json"
     good = {**bench_result, "sustained_ms": bench_result["latency_ms"]}
@@ -268,7 +268,8 @@ def test_sustained_timings_are_checked_too(tmp_path, capsys, bench_result):
 
 
 def test_shipped_benchmark_files_still_load():
-    from weave_sim.validate import bench_results, read_bench
+    from weave_sim.benchfile import read_bench
+    from weave_sim.validate import bench_results
 
     seen = 0
     for f in sorted(glob.glob(str(ROOT / "docs" / "results" / "**" / "*.json"), recursive=True)):

@@ -147,10 +147,10 @@ def _with_sustained(path, factor: float):
 
 
 def test_sustained_timings_stand_in_for_the_bench_ones(tmp_path, capsys):
-    """validate.timed_as('sustained'): each result's sustained_ms becomes its latency, the passes' median clock its
+    """benchfile.timed_as('sustained'): each result's sustained_ms becomes its latency, the passes' median clock its
     gpu_state; weave-sim validate --timing sustained compares with those, and a file without them is refused.
     The FP8 fit on sustained timings sees the gain those give (here 4% more than the bench timings')."""
-    from weave_sim.validate import read_bench, timed_as
+    from weave_sim.benchfile import read_bench, timed_as
 
     base = _bare()
     truth = _with(base, fp8_scale=1.6, fp8_fixed_scale=1.0)

@@ -242,7 +242,7 @@ def test_power_scale_scales_the_energy_per_flop_and_is_fitted_to_the_clocks(tmp_
     measured SM clocks (sustained runs), then the other parameters from the latencies."""
     from weave_sim.calibrate import scaled_profile
     from weave_sim.engine.testing import simulated_bench_file
-    from weave_sim.validate import policy_clocks
+    from weave_sim.benchfile import policy_clocks
 
     # the layer's GEMMs run at a few hundred TFLOP/s: 3 W per TFLOP/s puts it at the cap, twice that far above
     raw = _raw_with_power({"cap_w": 700.0, "base_w": 100.0, "w_per_tflops": 3.0, "exponent": 1.5}, num_sms=132)

@@ -63,8 +63,9 @@ def amend_half_tile(profile: str | Path, bench_path: Path, out_path: Path, name:
     [0.5, 1] of fit_error (mean |log(predicted / measured)| over their kernel policies); written to out_path,
     everything else unchanged. Results of FP8 experts fit gemm.fp8_half_tile_cost instead (what fp8_profile
     applies to FP8 tiles; it starts from the bf16 value), and a file with both kinds is refused: bench runs one
-    kind per process. timing: 'bench' or 'sustained' (validate.timed_as). Its version gains "+half" ("+half8")."""
-    from ..validate import bench_results, read_bench
+    kind per process. timing: 'bench' or 'sustained' (benchfile.timed_as). Its version gains "+half" ("+half8")."""
+    from ..benchfile import read_bench
+    from ..validate import bench_results
 
     src = load_profile(profile)
     bench = read_bench(bench_path, timing, CalibrationError)  # every result's times and fields checked

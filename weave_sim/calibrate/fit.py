@@ -78,7 +78,7 @@ def _result_logs(result: dict, prof, policies) -> list[float]:
 
 def _result_clock_logs(result: dict, prof, policies) -> list[float]:
     """|log(predicted / measured)| of the SM clock of one benchmark result's kernel policies (those in `policies`,
-    or all), per rank, where the result carries each policy's measured clock (validate.timed_as 'sustained':
+    or all), per rank, where the result carries each policy's measured clock (benchfile.timed_as 'sustained':
     policy_mhz) and the profile predicts one (a power model)."""
     from ..validate import validate_result
 
@@ -185,14 +185,15 @@ def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, r
     several K (gemm_by_k) that gives the base a gemm.k_fixed (gemm_k_fixed) before fitting. decision_traces:
     Chrome traces of weave calls that give the base fixed_ns.decision (decision_from_traces) before fitting.
     piece_cost: a weave_kernel.piece_cost file that gives the base fixed_ns.dispatch_piece before fitting.
-    timing: the benchmark's times to fit, 'bench' (latency_ms) or 'sustained' (sustained_ms; validate.timed_as)."""
+    timing: the benchmark's times to fit, 'bench' (latency_ms) or 'sustained' (sustained_ms; benchfile.timed_as)."""
     if not power and power_path is not None:
         raise CalibrationError("a power file and no power model contradict each other")
     unknown = set(params) - set(FIT_PARAMS) - set(OPTIONAL_FIT_PARAMS)
     if unknown or not params:
         raise CalibrationError(f"fit parameters must be some of {FIT_PARAMS + OPTIONAL_FIT_PARAMS}; "
                                f"got {tuple(params)}")
-    from ..validate import bench_results, read_bench
+    from ..benchfile import read_bench
+    from ..validate import bench_results
 
     bench = read_bench(bench_path, timing, CalibrationError)  # every result's times and fields checked
     bench = {**bench, "results": [r for r in bench_results(bench, bench_path, CalibrationError)

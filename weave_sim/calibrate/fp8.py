@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..profile import FP8_TILE_SCALE, HardwareProfile, fp8_profile, load_profile, profile_from_dict
-from ..validate import ConfigValidation, bench_results, config_label, read_bench, result_fp8, validate_file
+from ..benchfile import read_bench
+from ..validate import ConfigValidation, bench_results, config_label, result_fp8, validate_file
 
 SCALE_RANGE = (1.0, 3.0)  # where the bisection looks for fp8_scale
 LOG_TOLERANCE = 1e-3  # |median log gain error| at which the bisection stops
@@ -126,7 +127,7 @@ def fit_fp8_scale(pairs, profile: HardwareProfile, fixed_scale: float = DEFAULT_
     """fp8_scale at which the median simulated FP8 gain equals the measured one (module docstring), with a tile's
     fixed cost at fixed_scale; the result with the fit's errors at that factor and at the profile's previous ones
     ("previous"). fixed_scale is None in the result for a profile without gemm.k_fixed (nothing it applies to).
-    timing: the pairs' times to compare, 'bench' or 'sustained' (validate.timed_as)."""
+    timing: the pairs' times to compare, 'bench' or 'sustained' (benchfile.timed_as)."""
     if not fixed_scale > 0:
         raise ValueError(f"the FP8 fixed-cost factor must be > 0, got {fixed_scale}")
     data = Fp8Data(pairs, profile, workers, timing)
