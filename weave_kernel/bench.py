@@ -45,10 +45,10 @@ import torch.distributed as dist
 from weave_sim.placement import contiguous, expert_loads, make_placement
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 from weave_sim.validate import KERNEL_DECIDERS, kernel_layout_for  # the layouts and deciders of this kernel
-from weave_sim.workload import expert_bytes
+from weave_sim.workload import EXPERT_DTYPES, expert_bytes
 
 from .choice import choice_agrees, counts_from_routing, geometry_model, model_choice
-from .megakernel import DEFAULT_COST_PROFILE, EXPERT_DTYPES, MoEMegakernel
+from .megakernel import DEFAULT_COST_PROFILE, MoEMegakernel
 from .reference import ep_moe_reference
 from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, spec_from_args
 from .gpu_state import GpuStateSampler

@@ -21,7 +21,7 @@ import math
 from weave_sim.presets import WEAVE_EVAL_MODELS, get_model
 
 from .geometry import check_geometry
-from .megakernel import FP8_BLOCK, workspace_bytes
+from .buffers import FP8_BLOCK, workspace_bytes
 
 GIB = 2**30
 

@@ -108,7 +108,7 @@ class WeaveMoE(torch.nn.Module):
 
         kernel: run this block on an existing MoEMegakernel (or another WeaveMoE's) instead of building one. A
         MoEMegakernel holds no weights, only its buffers (about world x max_tokens x top_k rows of H and I per rank:
-        megakernel.workspace_bytes), and a model's blocks run one after another, so all blocks of one geometry can
+        buffers.workspace_bytes), and a model's blocks run one after another, so all blocks of one geometry can
         share one: the memory of one layer's buffers instead of one per layer. It must match this block (hidden,
         inter, experts, top_k, max_tokens, placement, group, device; shared_inter equal, or 0 here); its options
         (kernel_kwargs) are the ones it was built with, so none may be passed with it. set_placement() on a kernel
@@ -124,8 +124,8 @@ class WeaveMoE(torch.nn.Module):
 
         from weave_sim.placement import contiguous
 
-        from .megakernel import (FP8_BLOCK, SHARED_ORDERS, MoEMegakernel, build_cost_table, check_expert_dtype,
-                                 check_fits, check_options, recv_pairs_of, workspace_bytes)
+        from .buffers import check_expert_dtype, check_fits, check_options, recv_pairs_of, workspace_bytes
+        from .megakernel import FP8_BLOCK, SHARED_ORDERS, MoEMegakernel, build_cost_table
         from .policies import dispatch_issuers, parse_policy
 
         for name, v, lo in (("hidden", hidden, 1), ("inter", inter, 1), ("num_experts", num_experts, 1),

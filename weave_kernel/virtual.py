@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .megakernel import DEFAULT_COST_PROFILE, DEFAULT_TIMEOUT_S, SHARED_ORDERS, MoEMegakernel, ReceiveOverflow
+from .buffers import DEFAULT_TIMEOUT_S
+from .megakernel import DEFAULT_COST_PROFILE, SHARED_ORDERS, MoEMegakernel, ReceiveOverflow
 from .policies import parse_policy
 from .validate import check_layer_inputs, check_shared_weights
 

@@ -398,7 +398,7 @@ def shared_kernel_case(name: str, *, hidden: int, inter: int, num_experts: int, 
     the first again, each against the fp32 reference on its own routing; a CUDA graph of two of them chained
     (check=False blocks on the same kernel) replayed on new tokens; the kernel's allocations against
     megakernel.workspace_bytes; kernel= of another geometry and a layer larger than the GPU refused."""
-    from weave_kernel.megakernel import workspace_bytes
+    from weave_kernel.buffers import workspace_bytes
     from weave_kernel.module import WeaveMoE
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from weave_kernel import gap, predict, whatif
-from weave_kernel.megakernel import workspace_bytes
+from weave_kernel.buffers import workspace_bytes
 from weave_kernel.reference import ep_moe_reference, make_weights, moe_reference
 
 GEO = dict(hidden=256, inter=128, num_experts=8, top_k=2, world=2, max_tokens=64)

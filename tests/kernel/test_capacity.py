@@ -6,23 +6,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from weave_kernel import buffers as buf  # noqa: E402
 from weave_kernel import megakernel as mk  # noqa: E402
 from weave_kernel.virtual import VirtualRanks  # noqa: E402
 
 
 def test_capacity_sizes_the_receive_rows():
-    worst = mk.plan_buffers(2048, 64, 8, 4, 4096)
-    assert worst.recv_cap_rows == mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=None).recv_cap_rows
-    two = mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=2 * 4096 * 8)  # twice a balanced load
+    worst = buf.plan_buffers(2048, 64, 8, 4, 4096)
+    assert worst.recv_cap_rows == buf.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=None).recv_cap_rows
+    two = buf.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=2 * 4096 * 8)  # twice a balanced load
     assert two.recv_cap_rows == -(-(2 * 4096 * 8 + 16 * 127) // 128) * 128
-    assert mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=10**9) == worst  # never above the worst case
-    a = mk.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096)
-    b = mk.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096,
+    assert buf.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=10**9) == worst  # never above the worst case
+    a = buf.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096)
+    b = buf.workspace_bytes(hidden=7168, inter=2048, num_experts=256, top_k=8, world=8, max_tokens=4096,
                            recv_capacity=2 * 4096 * 8)
     assert b["total"] < 0.4 * a["total"]  # DeepSeek-V3 at EP=8: the receive rows are most of the buffers
     for bad in (0, -5, 2.5, True, "100"):
         with pytest.raises(ValueError, match="recv_capacity must be a positive integer"):
-            mk.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=bad)
+            buf.plan_buffers(2048, 64, 8, 4, 4096, recv_capacity=bad)
 
 
 def _host_layer(code: int, rank: int = 0) -> mk.MoEMegakernel:
@@ -31,7 +32,7 @@ def _host_layer(code: int, rank: int = 0) -> mk.MoEMegakernel:
     layer.err = torch.tensor([code, 5, 1, 2400], dtype=torch.int32)
     layer.rank, layer.broken, layer.recv_capacity = rank, None, 400
     layer._unread, layer._captured = 1, False  # as after one launch
-    layer.plan = mk.plan_buffers(1024, 16, 4, 2, 512, recv_capacity=400)
+    layer.plan = buf.plan_buffers(1024, 16, 4, 2, 512, recv_capacity=400)
     return layer
 
 
@@ -109,7 +110,7 @@ def test_memory_planner(capsys):
     m = get_model("deepseek-v2-lite")  # 26 MoE layers, 64 experts, H 2048, I 1408, 2 shared experts
     r = moe_memory(m, 4, 4096)
     assert r["routed"] == 26 * 16 * 3 * 1408 * 2048 * 2 and r["shared"] == 26 * 3 * 2816 * 2048 * 2
-    assert r["buffers"] == mk.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
+    assert r["buffers"] == buf.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
                                               max_tokens=4096, shared_inter=2816)["total"]
     assert r["total_kernel_per_layer"] - r["total"] == 25 * r["buffers"]
     assert moe_memory(m, 4, 4096, recv_factor=2)["buffers"] < r["buffers"]
@@ -118,7 +119,7 @@ def test_memory_planner(capsys):
     assert f8["routed"] == 26 * 16 * (3 * 1408 * 2048 + 4 * blocks)
     assert f8["shared"] == 26 * (3 * 2816 * 2048 + 4 * (2 * 22 * 16 + 16 * 22))
     # the FP8 kernel's own buffers: e4m3 h and x with their scales, the shared expert's e4m3 h and scales
-    assert f8["buffers"] == mk.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
+    assert f8["buffers"] == buf.workspace_bytes(hidden=2048, inter=1408, num_experts=64, top_k=6, world=4,
                                                max_tokens=4096, shared_inter=2816, expert_dtype="fp8")["total"] \
         < r["buffers"]
     assert f8["total_kernel_per_layer"] - f8["total"] == 25 * f8["buffers"]

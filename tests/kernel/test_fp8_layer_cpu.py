@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from weave_kernel import buffers as buf  # noqa: E402
 from weave_kernel import megakernel as mk  # noqa: E402
 from weave_kernel.fp8 import BLOCK, FP8, quantize_act, quantize_experts  # noqa: E402
 from weave_kernel.policies import parse_policy  # noqa: E402
@@ -33,21 +34,21 @@ _OFFSETS = ("off_count_flag", "off_comb_flag", "off_gcounts", "off_blk_flag", "o
 @pytest.mark.parametrize("geom", PLANS)
 def test_plan_buffers_places_the_received_rows_scales_after_the_rows(geom):
     h, e, k, g, t, cap = geom
-    bf = mk.plan_buffers(h, e, k, g, t, cap)
-    f8 = mk.plan_buffers(h, e, k, g, t, cap, fp8=True)
+    bf = buf.plan_buffers(h, e, k, g, t, cap)
+    f8 = buf.plan_buffers(h, e, k, g, t, cap, fp8=True)
     assert bf.off_recv_xs == 0
     assert f8.off_recv_xs > 0 and f8.off_recv_xs % 256 == 0
     # after the receive rows (bf16-sized: the sequential policy writes its bf16 outputs over the e4m3 rows)
     assert f8.off_recv_xs >= f8.off_recv_x + 2 * f8.recv_cap_rows * h
-    assert f8.off_recv_xs == mk._align(f8.off_recv_x + 2 * f8.recv_cap_rows * h)
-    region = 4 * f8.recv_cap_rows * mk.fp8_scale_stride(h)
-    assert f8.total_bytes == mk._align(f8.off_recv_xs + region)
+    assert f8.off_recv_xs == buf._align(f8.off_recv_x + 2 * f8.recv_cap_rows * h)
+    region = 4 * f8.recv_cap_rows * buf.fp8_scale_stride(h)
+    assert f8.total_bytes == buf._align(f8.off_recv_xs + region)
     assert f8.total_bytes - f8.off_recv_xs >= region
     # every other offset and size as the bf16 plan's
     for name in _OFFSETS + ("recv_cap_rows", "max_row_blocks"):
         assert getattr(f8, name) == getattr(bf, name), name
     assert bf.total_bytes == f8.off_recv_xs  # the bf16 plan ends where the scales begin
-    assert mk.plan_buffers(h, e, k, g, t, cap, fp8=False) == bf
+    assert buf.plan_buffers(h, e, k, g, t, cap, fp8=False) == bf
 
 
 @pytest.mark.parametrize("geom", [(256, 256, 8, 2, 1, 64, None), (7168, 2048, 256, 8, 8, 4096, None),
@@ -57,17 +58,17 @@ def test_workspace_bytes_of_fp8_experts(geom, timeline):
     h, i, e, k, g, t, cap = geom
     kw = dict(hidden=h, inter=i, num_experts=e, top_k=k, world=g, max_tokens=t, recv_capacity=cap, num_ctas=100,
               timeline_per_cta=timeline)
-    bf = mk.workspace_bytes(**kw)
-    f8 = mk.workspace_bytes(**kw, expert_dtype="fp8")
-    assert mk.workspace_bytes(**kw, expert_dtype="bf16") == bf
-    rows = mk.plan_buffers(h, e, k, g, t, cap).recv_cap_rows
+    bf = buf.workspace_bytes(**kw)
+    f8 = buf.workspace_bytes(**kw, expert_dtype="fp8")
+    assert buf.workspace_bytes(**kw, expert_dtype="bf16") == bf
+    rows = buf.plan_buffers(h, e, k, g, t, cap).recv_cap_rows
     assert bf["h"] == 2 * rows * i
-    assert f8["h"] == rows * i + 4 * rows * mk.fp8_scale_stride(i)  # e4m3 h and its padded scale rows
-    assert f8["other"] - bf["other"] == t * h + 4 * t * mk.fp8_scale_stride(h)  # x in e4m3 and its scales
-    plan8 = mk.plan_buffers(h, e, k, g, t, cap, fp8=True)
+    assert f8["h"] == rows * i + 4 * rows * buf.fp8_scale_stride(i)  # e4m3 h and its padded scale rows
+    assert f8["other"] - bf["other"] == t * h + 4 * t * buf.fp8_scale_stride(h)  # x in e4m3 and its scales
+    plan8 = buf.plan_buffers(h, e, k, g, t, cap, fp8=True)
     assert f8["symmetric"] == plan8.total_bytes
     assert f8["symmetric"] - bf["symmetric"] == plan8.total_bytes - plan8.off_recv_xs  # the scales' region
-    assert f8["symmetric"] - bf["symmetric"] == mk._align(4 * rows * mk.fp8_scale_stride(h))
+    assert f8["symmetric"] - bf["symmetric"] == buf._align(4 * rows * buf.fp8_scale_stride(h))
     assert f8["shared"] == bf["shared"]
     assert f8["total"] == f8["symmetric"] + f8["h"] + f8["shared"] + f8["other"]
 
@@ -75,9 +76,9 @@ def test_workspace_bytes_of_fp8_experts(geom, timeline):
 @pytest.mark.parametrize("bad", ["fp16", "FP8", "e4m3", "", None, 8, torch.float8_e4m3fn])
 def test_workspace_bytes_refuses_other_expert_dtypes(bad):
     with pytest.raises(ValueError, match="expert_dtype must be one of"):
-        mk.workspace_bytes(hidden=256, inter=256, num_experts=8, top_k=2, world=1, max_tokens=64, expert_dtype=bad)
+        buf.workspace_bytes(hidden=256, inter=256, num_experts=8, top_k=2, world=1, max_tokens=64, expert_dtype=bad)
     with pytest.raises(ValueError, match="expert_dtype must be one of"):
-        mk.check_expert_dtype(bad)
+        buf.check_expert_dtype(bad)
 
 
 # ---- fp8_scale_stride: Python and C++ -----------------------------------------------------------------------------
@@ -87,9 +88,9 @@ KS = sorted({*range(0, 128 * 80, 128), *(128 * m for m in (95, 96, 97, 127, 128,
 
 def test_fp8_scale_stride_pads_to_128_byte_lines():
     for k in KS:
-        s = mk.fp8_scale_stride(k)
+        s = buf.fp8_scale_stride(k)
         assert s % 32 == 0 and k // BLOCK <= s < k // BLOCK + 32, k
-    assert [mk.fp8_scale_stride(k) for k in (128, 4096, 4224, 7168)] == [32, 32, 64, 64]
+    assert [buf.fp8_scale_stride(k) for k in (128, 4096, 4224, 7168)] == [32, 32, 64, 64]
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
@@ -105,7 +106,7 @@ def test_fp8_scale_stride_matches_params_h(tmp_path):
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     got = {int(a): int(b) for a, b in (line.split() for line in out.splitlines())}
     assert list(got) == KS
-    assert got == {k: mk.fp8_scale_stride(k) for k in KS}
+    assert got == {k: buf.fp8_scale_stride(k) for k in KS}
 
 
 # ---- check_layer_inputs(fp8=True) ---------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def _fake_layer(fp8: bool, world=2, rank=0, hidden=256, inter=256, max_tokens=64
     """A MoEMegakernel with CPU tensors (no extension, no GPU), as tests/kernel/test_weave_policy.py's, FP8 or not."""
     layer = object.__new__(mk.MoEMegakernel)
     i32 = dict(dtype=torch.int32)
-    layer.plan = mk.plan_buffers(hidden, 8, 2, world, max_tokens, fp8=fp8)
+    layer.plan = buf.plan_buffers(hidden, 8, 2, world, max_tokens, fp8=fp8)
     for name in ("expert_owner", "owner_experts", "peer_base", "expert_ctr", "pair_slot", "sorted_pair", "g0_done",
                  "sched", "grid_bar", "err", "timeline", "timeline_count", "g0s_done"):
         setattr(layer, name, torch.zeros(8, **i32))
@@ -299,13 +300,13 @@ def _fake_layer(fp8: bool, world=2, rank=0, hidden=256, inter=256, max_tokens=64
     layer.fp8 = fp8
     if fp8:
         layer.h = torch.zeros(rows * inter, dtype=torch.uint8)
-        layer.h_scale = torch.zeros(rows * mk.fp8_scale_stride(inter))
+        layer.h_scale = torch.zeros(rows * buf.fp8_scale_stride(inter))
         layer.x_q = torch.zeros(max_tokens * hidden, dtype=torch.uint8)
-        layer.x_s = torch.zeros(max_tokens * mk.fp8_scale_stride(hidden))
+        layer.x_s = torch.zeros(max_tokens * buf.fp8_scale_stride(hidden))
     else:
         layer.h = torch.zeros(8, dtype=torch.bfloat16)
     layer.cost_table = torch.as_tensor(mk.build_cost_table())
-    layer.choice = torch.full((mk.CHOICE_LEN,), -1.0, dtype=torch.float64)
+    layer.choice = torch.full((buf.CHOICE_LEN,), -1.0, dtype=torch.float64)
     layer.rank, layer.world, layer.top_k, layer.hidden, layer.inter = rank, world, 2, hidden, inter
     layer.num_experts, layer.num_local_experts, layer.max_tokens = 8, 8 // world, max_tokens
     layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 132, 0, 3, 10**9
@@ -430,7 +431,7 @@ def test_quantized_x_views_the_kernels_buffers():
     layer = _fake_layer(fp8=True, hidden=384, max_tokens=16)
     x = torch.randn(5, 384).to(torch.bfloat16)
     q, s = quantize_act(x)
-    st = mk.fp8_scale_stride(384)
+    st = buf.fp8_scale_stride(384)
     layer.x_q[: 5 * 384].copy_(q.view(torch.uint8).reshape(-1))
     layer.x_s.view(16, st)[:5, :3].copy_(s)
     layer.x_s.view(16, st)[:5, 3:].fill_(float("nan"))  # the padding is not part of the scales
@@ -450,7 +451,7 @@ def test_an_fp8_shared_expert_in_params_and_its_checks():
     layer = _fake_layer(fp8=True)
     layer.shared_inter = 256
     layer.hs = torch.zeros(64 * 256, dtype=torch.uint8)
-    layer.hs_scale = torch.zeros(64 * mk.fp8_scale_stride(256))
+    layer.hs_scale = torch.zeros(64 * buf.fp8_scale_stride(256))
     x, ids, tw, w13, w2, y = _fp8_call_tensors(layer)
     sw = (quantize_weight(torch.randn(512, 256)), quantize_weight(torch.randn(256, 256)))
     d = layer._params(x, ids, tw, w13, w2, y, parse_policy("static:8", layer.num_ctas), False, shared=sw)
@@ -467,8 +468,8 @@ def test_an_fp8_shared_expert_in_params_and_its_checks():
         check_shared_weights((sw[0][1], sw[0][1]), sw[1], hidden=256, inter_shared=256, fp8=True)
     # workspace_bytes counts the FP8 shared scratch: hs in e4m3 with its scales
     kw = dict(hidden=256, inter=256, num_experts=8, top_k=2, world=2, max_tokens=64, shared_inter=256)
-    f8, bf = mk.workspace_bytes(**kw, expert_dtype="fp8"), mk.workspace_bytes(**kw)
-    assert bf["shared"] - f8["shared"] == 64 * 256 - 4 * 64 * mk.fp8_scale_stride(256)
+    f8, bf = buf.workspace_bytes(**kw, expert_dtype="fp8"), buf.workspace_bytes(**kw)
+    assert bf["shared"] - f8["shared"] == 64 * 256 - 4 * 64 * buf.fp8_scale_stride(256)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -479,7 +480,7 @@ def test_poison_scratch_leaves_nan_everywhere_a_call_writes(fp8):
     layer.symm = torch.zeros(layer.plan.total_bytes, dtype=torch.uint8)
     if fp8:
         layer.hs = torch.zeros(64 * 256, dtype=torch.uint8)
-        layer.hs_scale = torch.zeros(64 * mk.fp8_scale_stride(256))
+        layer.hs_scale = torch.zeros(64 * buf.fp8_scale_stride(256))
     layer.poison_scratch()
     pl = layer.plan
     comb = layer.symm[pl.off_comb:pl.off_recv_x]

@@ -500,7 +500,7 @@ def test_kernel_is_for_the_kernel_backend_and_takes_no_kernel_options(fake_kerne
 
 
 def test_workspace_bytes_counts_what_the_layer_allocates():
-    from weave_kernel.megakernel import BLOCK_M, plan_buffers, workspace_bytes
+    from weave_kernel.buffers import BLOCK_M, plan_buffers, workspace_bytes
 
     kw = dict(hidden=2048, inter=768, num_experts=128, top_k=8, world=2, max_tokens=4096)
     w = workspace_bytes(**kw)
@@ -519,7 +519,7 @@ def test_workspace_bytes_counts_what_the_layer_allocates():
 def test_check_fits_names_the_sizes_and_the_short_rank(monkeypatch):
     """The memory check before a layer is built (its GPU figures faked here): enough free memory passes, too little
     raises MemoryError with the parts and the hint; torch's unused cache counts as free; CPU tensors are not checked."""
-    from weave_kernel.megakernel import check_fits
+    from weave_kernel.buffers import check_fits
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 * 2**30, 80 * 2**30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 2 * 2**30)

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from weave_kernel.megakernel import BLOCK_M, plan_buffers  # noqa: E402
+from weave_kernel.buffers import BLOCK_M, plan_buffers  # noqa: E402
 from weave_kernel.policies import POLICY_SEQUENTIAL, POLICY_STATIC, parse_policy  # noqa: E402
 from weave_kernel.geometry import check_geometry  # noqa: E402
 from weave_kernel.validate import check_layer_inputs  # noqa: E402

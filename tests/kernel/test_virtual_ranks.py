@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from weave_kernel import buffers as buf  # noqa: E402
 from weave_kernel import megakernel as mk  # noqa: E402
 from weave_kernel.virtual import default_ctas_per_rank  # noqa: E402
 
@@ -30,7 +31,7 @@ def _virtual_layer(rank, world, plan):
 
 
 def test_connect_points_every_rank_at_every_buffer():
-    plan = mk.plan_buffers(256, 8, 2, 4, 64)
+    plan = buf.plan_buffers(256, 8, 2, 4, 64)
     layers = [_virtual_layer(r, 4, plan) for r in range(4)]
     for layer in layers:
         layer.connect(layers)
@@ -40,13 +41,13 @@ def test_connect_points_every_rank_at_every_buffer():
 
 
 def test_connect_rejects_a_wrong_world():
-    plan = mk.plan_buffers(256, 8, 2, 4, 64)
+    plan = buf.plan_buffers(256, 8, 2, 4, 64)
     layers = [_virtual_layer(r, 4, plan) for r in range(4)]
     with pytest.raises(ValueError, match="every virtual rank"):
         layers[0].connect(layers[:3])
     with pytest.raises(ValueError, match="every virtual rank"):
         layers[0].connect(layers[::-1])
-    other = _virtual_layer(3, 4, mk.plan_buffers(512, 8, 2, 4, 64))
+    other = _virtual_layer(3, 4, buf.plan_buffers(512, 8, 2, 4, 64))
     with pytest.raises(ValueError, match="share"):
         layers[0].connect(layers[:3] + [other])
     real = _virtual_layer(0, 4, plan)
@@ -56,7 +57,7 @@ def test_connect_rejects_a_wrong_world():
 
 
 def test_params_ask_for_a_plain_launch_on_virtual_ranks():
-    layer = _virtual_layer(0, 2, mk.plan_buffers(256, 8, 2, 2, 64))
+    layer = _virtual_layer(0, 2, buf.plan_buffers(256, 8, 2, 2, 64))
     for name in ("expert_owner", "owner_experts", "expert_ctr", "pair_slot", "sorted_pair", "g0_done", "sched",
                  "grid_bar", "err", "timeline", "timeline_count", "h", "cost_table", "choice", "epoch_ctr", "hs", "ys",
                  "g0s_done"):

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from weave_kernel import buffers as buf  # noqa: E402
 from weave_kernel import megakernel as mk  # noqa: E402
 from weave_kernel.choice import choice_agrees, counts_from_routing, geometry_model, model_choice  # noqa: E402
 from weave_kernel.policies import POLICY_STATIC, POLICY_WEAVE, parse_policy  # noqa: E402
@@ -54,11 +55,11 @@ def test_parse_weave_without_stealing():
 def test_params_h_mirrors():
     assert int(re.search(r"kPolicyWeave = (\d+)", PARAMS_H).group(1)) == POLICY_WEAVE
     slots = dict(re.findall(r"(kChoice\w+) = (\d+)", PARAMS_H))
-    assert int(slots.pop("kChoiceLen")) == mk.CHOICE_LEN
+    assert int(slots.pop("kChoiceLen")) == buf.CHOICE_LEN
     order = ["kChoiceCommSms", "kChoiceChunks", "kChoiceTimeNs", "kChoiceUsedComm", "kChoiceEpoch"]
     assert [int(slots[k]) for k in order] == list(range(len(mk.CHOICE_SLOTS)))
     cm = (CSRC / "cost_model.cuh").read_text()
-    assert f"kLen == {mk.COST_TABLE_LEN}" in cm
+    assert f"kLen == {buf.COST_TABLE_LEN}" in cm
     assert f"kVersion = {mk.COST_TABLE_VERSION};" in cm
 
 
@@ -67,7 +68,7 @@ def test_build_cost_table_is_weave_sims_table():
     from weave_sim.profile import load_profile
 
     t = mk.build_cost_table("h200")
-    assert t.dtype == np.float64 and t.shape == (TABLE_LEN,) == (mk.COST_TABLE_LEN,)
+    assert t.dtype == np.float64 and t.shape == (TABLE_LEN,) == (buf.COST_TABLE_LEN,)
     np.testing.assert_array_equal(t, table_for(load_profile("h200")).data)
     prof = load_profile("h100-sxm")
     np.testing.assert_array_equal(mk.build_cost_table(prof), table_for(prof).data)
@@ -79,7 +80,7 @@ def _fake_layer(world=2, rank=0):
     """A MoEMegakernel with CPU tensors (no extension, no GPU): enough for _params."""
     layer = object.__new__(mk.MoEMegakernel)
     i32 = dict(dtype=torch.int32)
-    layer.plan = mk.plan_buffers(256, 8, 2, world, 64)
+    layer.plan = buf.plan_buffers(256, 8, 2, world, 64)
     for name in ("expert_owner", "owner_experts", "peer_base", "expert_ctr", "pair_slot", "sorted_pair", "g0_done",
                  "sched", "grid_bar", "err", "timeline", "timeline_count", "g0s_done"):
         setattr(layer, name, torch.zeros(8, **i32))
@@ -88,7 +89,7 @@ def _fake_layer(world=2, rank=0):
     layer.epoch_ctr = torch.zeros(1, dtype=torch.int64)
     layer.h = torch.zeros(8, dtype=torch.bfloat16)
     layer.cost_table = torch.as_tensor(mk.build_cost_table())
-    layer.choice = torch.full((mk.CHOICE_LEN,), -1.0, dtype=torch.float64)
+    layer.choice = torch.full((buf.CHOICE_LEN,), -1.0, dtype=torch.float64)
     layer.rank, layer.world, layer.top_k, layer.hidden, layer.inter = rank, world, 2, 256, 128
     layer.num_experts, layer.num_local_experts, layer.max_tokens = 8, 8 // world, 64
     layer.num_ctas, layer.timeline_per_cta, layer.epoch, layer.timeout_ns = 132, 0, 3, 10**9

@@ -344,7 +344,7 @@ def load_model(path, *, max_tokens: int, group=None, device=None, config=None, s
             del config.quantization_config
         except AttributeError:
             config.quantization_config = None
-    from ..megakernel import check_expert_dtype
+    from ..buffers import check_expert_dtype
 
     expert_dtype = check_expert_dtype(kwargs.pop("expert_dtype", "fp8" if fp8 else "bf16"))
     config.name_or_path = str(path)
