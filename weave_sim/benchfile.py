@@ -3,11 +3,9 @@
 stand for its latencies (timed_as: bench-style or sustained, with the clocks each policy held)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .jsonfile import read_json
+from .jsonfile import is_number, read_json
 
 
 #: Integer fields every benchmark result needs (the layer the simulator rebuilds), each >= 1.
@@ -22,7 +20,13 @@ def _is_int(v) -> bool:
 
 def _is_time(v) -> bool:
     """A usable measured time in ms: a finite number > 0."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return is_number(v) and v > 0
+
+
+def bench_kernel_sources(bench: dict) -> str | None:
+    """The fingerprint of the kernel a benchmark file measured (its "kernel_sources" "main" entry), or None."""
+    ks = bench.get("kernel_sources")
+    return ks.get("main") if isinstance(ks, dict) else None
 
 
 def result_name(r: dict, i: int | None = None) -> str:

@@ -4,6 +4,7 @@ message: missing or unreadable, not text (e.g. a PNG passed by mistake), or not 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -19,3 +20,9 @@ def read_json(path, what: str, error: type[Exception] = ValueError):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"cannot read {what} {path}: not valid JSON ({exc})") from None
+
+
+def is_number(value) -> bool:
+    """A finite JSON number: an int or a float, not a bool, not NaN or infinite (what a field of a file the toolkit
+    reads must be before it is compared or computed with)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

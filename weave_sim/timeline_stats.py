@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .jsonfile import read_json
+from .jsonfile import is_number, read_json
 
 IDLE_KINDS = ("wait",)
 
@@ -16,10 +16,6 @@ IDLE_KINDS = ("wait",)
 class TraceEventError(ValueError):
     """A Chrome trace holds an event the statistics cannot use (not an object, a missing or mistyped field, a negative
     duration); the message names the file, the event and the field."""
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_event(e: dict, i: int, where: str) -> None:
@@ -36,13 +32,13 @@ def _check_event(e: dict, i: int, where: str) -> None:
         raise bad(f"has name {e['name']!r}, not a string")
     for key in ("pid", "tid"):
         v = e[key]
-        if not (_number(v) and float(v).is_integer()):
+        if not (is_number(v) and float(v).is_integer()):
             raise bad(f"has {key} {v!r}, not an integer")
     if e["tid"] < 0:
         raise bad(f"has tid {e['tid']!r}: an SM index must be >= 0")
-    if not _number(e["ts"]):
+    if not is_number(e["ts"]):
         raise bad(f"has ts {e['ts']!r}, not a finite number")
-    if "dur" in e and not (_number(e["dur"]) and e["dur"] >= 0):
+    if "dur" in e and not (is_number(e["dur"]) and e["dur"] >= 0):
         raise bad(f"has dur {e['dur']!r}, not a finite number >= 0")
     if e.get("cat") is not None and not isinstance(e["cat"], str):
         raise bad(f"has cat {e['cat']!r}, not a string")

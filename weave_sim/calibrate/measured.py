@@ -4,11 +4,10 @@ profile built from them (build_profile). The measurement format is in weave_sim.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 
-from ..jsonfile import read_json
+from ..jsonfile import is_number, read_json
 from ..profile import load_profile, profile_from_dict
 
 REQUIRED = ("gpu_name", "date", "num_sms", "nvlink_push", "gemm")
@@ -121,7 +120,7 @@ def chunk_efficiency(points: list[dict]) -> dict[str, float]:
     times = {}
     for p in points:
         k, t = p.get("chunks"), p.get("time_ns")
-        if not (_finite(k) and float(k).is_integer() and k >= 1 and _finite(t) and t > 0):
+        if not (is_number(k) and float(k).is_integer() and k >= 1 and is_number(t) and t > 0):
             raise CalibrationError(f"bad chunks point {p} (chunks an integer >= 1, time_ns > 0)")
         times[int(k)] = float(t)
     if 1 not in times:
@@ -275,10 +274,6 @@ def _add_note(section: dict, note: str) -> None:
         section["note"] = section.get("note", "") + note
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 #: The lists of points a measurements file may hold, and the numbers each point must carry.
 POINT_FIELDS = {"nvlink_push": ("ctas", "gbs"), "gemm": ("ctas", "rows_per_expert", "tflops"),
                 "chunks": ("chunks", "time_ns"), "gemm_by_k": ("k", "ctas", "rows_per_expert", "tile_us")}
@@ -299,10 +294,10 @@ def check_measurements(m, where: str = "measurements") -> dict:
     (a power file, a piece-cost file or a gemm_by_k file holds a few of them); the curves check the rest."""
     if not isinstance(m, dict):
         raise CalibrationError(f"{where}: measurements must be a JSON object, got {type(m).__name__}")
-    if "num_sms" in m and not (_finite(m["num_sms"]) and float(m["num_sms"]).is_integer() and m["num_sms"] >= 1):
+    if "num_sms" in m and not (is_number(m["num_sms"]) and float(m["num_sms"]).is_integer() and m["num_sms"] >= 1):
         raise CalibrationError(f"{where}: num_sms {m['num_sms']!r} is not an integer >= 1")
     for key in SCALAR_FIELDS:
-        if m.get(key) is not None and not (_finite(m[key]) and m[key] >= 0):
+        if m.get(key) is not None and not (is_number(m[key]) and m[key] >= 0):
             raise CalibrationError(f"{where}: {key} {m[key]!r} is not a finite number >= 0")
 
     def points(pts, name: str, fields: tuple, optional: bool = False) -> None:
@@ -314,7 +309,7 @@ def check_measurements(m, where: str = "measurements") -> dict:
                 raise CalibrationError(f"{where}: {name}[{i}] is {str(p)[:80]}, not a point {{{', '.join(fields)}}}")
             for f in fields:
                 v = p.get(f)
-                if not (_finite(v) or (optional and v is None)):
+                if not (is_number(v) or (optional and v is None)):
                     raise CalibrationError(f"{where}: {name}[{i}] {f} {v!r} is not a finite number (point {p})")
 
     for key, fields in POINT_FIELDS.items():
@@ -328,7 +323,7 @@ def check_measurements(m, where: str = "measurements") -> dict:
         if not isinstance(power, dict):
             raise CalibrationError(f"{where}: power must be an object (limit_w, points, hbm, pad_points), got "
                                    f"{str(power)[:80]}")
-        if power.get("limit_w") is not None and not (_finite(power["limit_w"]) and power["limit_w"] > 0):
+        if power.get("limit_w") is not None and not (is_number(power["limit_w"]) and power["limit_w"] > 0):
             raise CalibrationError(f"{where}: power.limit_w {power['limit_w']!r} is not a number > 0")
         for key, fields in POWER_POINT_FIELDS.items():
             if power.get(key) is not None:
@@ -338,7 +333,7 @@ def check_measurements(m, where: str = "measurements") -> dict:
             if not isinstance(hbm, dict):
                 raise CalibrationError(f"{where}: power.hbm must be an object (tbs, power_w, sm_mhz), got {hbm!r}")
             for f in ("tbs", "power_w", "sm_mhz"):
-                if hbm.get(f) is not None and not _finite(hbm[f]):
+                if hbm.get(f) is not None and not is_number(hbm[f]):
                     raise CalibrationError(f"{where}: power.hbm {f} {hbm[f]!r} is not a finite number")
     return m
 
