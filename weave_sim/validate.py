@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .benchfile import check_bench, read_bench, result_name
+from .benchfile import bench_kernel_sources, check_bench, read_bench, result_name
 from .placement import Placement, contiguous, explicit
 from .presets import ModelPreset, get_model
 from .profile import HardwareProfile, profile_from_dict
@@ -256,8 +256,6 @@ def bench_results(data: dict, path="the benchmark", error: type[Exception] = Val
     `error` naming `path`, the result and the field; read_bench also requires the fields), each naming its kernel's
     deciders ("kernel_deciders"; for results that do not, dated by the file's kernel_sources: see
     TABLE_DECIDER_SOURCES)."""
-    from .calibrate import bench_kernel_sources
-
     results = check_bench(data, path, error, require=False)
     dated = "table" if bench_kernel_sources(data) in TABLE_DECIDER_SOURCES else "all"
     return [r if "kernel_deciders" in r else {**r, "kernel_deciders": dated} for r in results]
@@ -266,8 +264,6 @@ def bench_results(data: dict, path="the benchmark", error: type[Exception] = Val
 def kernel_sources_warning(bench: dict, profile: HardwareProfile) -> str | None:
     """A warning when `profile` was fitted to latencies of other kernel sources than the ones `bench` measured
     (both fingerprints recorded: weave_kernel.build.sources_digest); None when they agree or one is unknown."""
-    from .calibrate import bench_kernel_sources
-
     fitted = (profile.raw.get("calibration") or {}).get("kernel_sources")
     measured = bench_kernel_sources(bench)
     if not fitted or not measured or fitted == measured:

@@ -246,7 +246,7 @@ def test_whatif_and_gap_warn_when_the_profile_fits_another_kernel(tmp_path, caps
     import json
 
     from weave_kernel import gap, whatif
-    from weave_sim.calibrate import bench_kernel_sources
+    from weave_sim.benchfile import bench_kernel_sources
 
     fitted = load_profile("h200-megakernel").raw["calibration"]["kernel_sources"]
     path = tmp_path / "b.json"

@@ -37,8 +37,7 @@ from pathlib import Path
 
 from ..report import write_text
 from .amend import amend_decision, amend_half_tile, write_amended
-from .fit import (FIT_PARAMS, OPTIONAL_FIT_PARAMS, FitPool, apply_fit, bench_kernel_sources, fit_error, fit_profile,
-                  scaled_profile)
+from .fit import FIT_PARAMS, OPTIONAL_FIT_PARAMS, FitPool, apply_fit, fit_error, fit_profile, scaled_profile
 from .measured import (REQUIRED, CalibrationError, build_profile, chunk_efficiency, gemm_concurrency_curve,
                        gemm_curve, gemm_k_fixed, nvlink_curve, pad_energy, power_model, read_measurements)
 from .traces import decision_from_traces, read_piece_cost, with_decision, with_piece_cost
@@ -47,8 +46,8 @@ __all__ = [
     "REQUIRED", "CalibrationError", "nvlink_curve", "gemm_curve", "gemm_concurrency_curve", "gemm_k_fixed",
     "chunk_efficiency", "power_model", "pad_energy", "build_profile", "read_measurements", "decision_from_traces",
     "read_piece_cost", "with_decision", "with_piece_cost", "write_amended", "amend_decision", "amend_half_tile",
-    "FIT_PARAMS", "OPTIONAL_FIT_PARAMS", "scaled_profile", "FitPool", "fit_error", "bench_kernel_sources",
-    "fit_profile", "apply_fit", "calibrate_file",
+    "FIT_PARAMS", "OPTIONAL_FIT_PARAMS", "scaled_profile", "FitPool", "fit_error", "fit_profile", "apply_fit",
+    "calibrate_file",
 ]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..benchfile import bench_kernel_sources
 from ..profile import load_profile, profile_from_dict
 from .measured import (CONCURRENCY_NOTE, K_FIXED_NOTE, CalibrationError, _add_note, gemm_concurrency_curve,
                        gemm_k_fixed, power_model, read_measurements)
@@ -157,12 +158,6 @@ def fit_error(bench: dict, profile_dict: dict, policies=None, pool: FitPool | No
         raise CalibrationError("no measured SM clocks per policy to fit power_scale to (bench --sustained S records "
                                "them; fit with --timing sustained)" if clocks else "no measured points to fit")
     return float(np.mean(logs)), len(logs)
-
-
-def bench_kernel_sources(bench: dict) -> str | None:
-    """The fingerprint of the kernel a benchmark file measured (its "kernel_sources" "main" entry), or None."""
-    ks = bench.get("kernel_sources")
-    return ks.get("main") if isinstance(ks, dict) else None
 
 
 def fit_profile(bench_path: Path, base: str = "h200", name: str | None = None, rounds: int = 2,
