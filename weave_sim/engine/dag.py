@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..profile import HardwareProfile
-from ..workload import EXPERT_DTYPES, LayerWorkload, expert_bytes  # EXPERT_DTYPES: SimOptions.expert_dtype
+from ..workload import LayerWorkload, expert_bytes
 from .plan import Plan
 from .rows import batch_sizes, dispatch_pieces, gpu_rows, piece_chunks, ranges, receive_ring, split_pieces
 

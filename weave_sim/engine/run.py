@@ -14,9 +14,9 @@ import numpy as np
 from ..placement import Placement, placement_for
 from ..presets import ModelPreset
 from ..profile import HardwareProfile
-from ..workload import LayerWorkload, layer_workload
+from ..workload import EXPERT_DTYPES, LayerWorkload, layer_workload
 from .core import LayerSim
-from .dag import EXPERT_DTYPES, SHARED_ORDERS, build_graph
+from .dag import SHARED_ORDERS, build_graph
 from .metrics import LayerResult, summarize
 from .plan import Plan
 from .policies import parse_policy
