@@ -14,6 +14,7 @@ from .geometry import check_geometry
 from .timeline import RECORD_DTYPE
 
 BLOCK_M = 128                # rows per dispatch block and GEMM tile (csrc/config.cuh kBlockM)
+INT32_MAX = 2**31 - 1        # pair ids and receive rows are int32 in the kernel (csrc/params.h)
 COST_TABLE_LEN = 305         # weave::cost_table::kLen (csrc/cost_model.cuh), = weave_sim.costtable.TABLE_LEN
 CHOICE_LEN = 8               # weave::kChoiceLen (csrc/params.h); slots: ChoiceSlot
 DEFAULT_TIMEOUT_S = 2.0
@@ -73,6 +74,10 @@ def plan_buffers(hidden: int, num_experts: int, top_k: int, world: int, max_toke
     num_local = num_experts // world
     rows = recv_pairs_of(world, max_tokens, top_k, recv_capacity) + num_local * (BLOCK_M - 1)
     rows = (rows + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    # the kernel holds pair ids (token x top_k + j) and receive row numbers in 32-bit integers
+    if max_tokens * top_k > INT32_MAX or rows > INT32_MAX:
+        raise ValueError(f"max_tokens {max_tokens} x top_k {top_k} pairs or {rows} receive rows exceed the kernel's "
+                         f"32-bit indices ({INT32_MAX}); use fewer tokens per call or a smaller recv_capacity")
     blocks = rows // BLOCK_M
     off = 0
     layout = {}

@@ -22,11 +22,20 @@ GEO = dict(hidden=256, inter=128, num_experts=8, top_k=2, world=2, max_tokens=64
     (dict(num_experts=6, world=4), "multiple of the world size"),
     (dict(hidden=100), "multiples of 64"),
     (dict(num_ctas=1), "num_ctas"),
+    (dict(max_tokens=2**30), "32-bit indices"),            # pair ids: max_tokens x top_k
+    (dict(max_tokens=2**29, world=2, top_k=2), "32-bit indices"),  # receive rows: world x max_tokens x top_k
 ])
 def test_workspace_bytes_refuses_what_the_kernel_would(change, match):
     assert workspace_bytes(**GEO)["total"] > 0
     with pytest.raises(ValueError, match=match):
         workspace_bytes(**{**GEO, **change})
+
+
+def test_workspace_bytes_takes_the_largest_32_bit_layer():
+    # receive rows: the worst case plus each local expert's padding, rounded up to whole row blocks of 128
+    assert workspace_bytes(**{**GEO, "world": 1, "num_experts": 1, "top_k": 1, "max_tokens": 2**31 - 255})["total"] > 0
+    with pytest.raises(ValueError, match="32-bit"):
+        workspace_bytes(**{**GEO, "world": 1, "num_experts": 1, "top_k": 1, "max_tokens": 2**31 - 254})
 
 
 def _layer(n=5, e=4, k=2, h=64, i=32):
