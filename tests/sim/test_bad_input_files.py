@@ -143,6 +143,21 @@ def test_damaged_npz_member_is_a_trace_error(tmp_path, capsys, how):
     assert not (tmp_path / "c.npz").exists()
 
 
+@pytest.mark.parametrize("member", ["topk_ids", "request_id"])
+def test_unsigned_ids_beyond_int64_are_refused_not_wrapped(tmp_path, capsys, member):
+    with np.load(_trace_file(tmp_path / "good.npz")) as z:
+        arrays = {name: z[name] for name in z.files}
+    arrays["request_id"] = np.zeros(arrays["topk_ids"].shape[0], dtype=np.uint64)
+    arrays[member] = arrays[member].astype(np.uint64)
+    arrays[member].flat[-1] = 2**63 + 5  # stored as int64 this would read as -9223372036854775803
+    path = tmp_path / "u.npz"
+    np.savez(path, **arrays)
+    for argv in (["trace", "stats", str(path)], ["trace", "convert", str(path), "-o", str(tmp_path / "c.npz")]):
+        assert main(argv) == 2, argv
+        err = _err(capsys)
+        assert f"{member} holds {2**63 + 5}" in err and "-9223372036854775803" not in err, argv
+
+
 # --- 3. Chrome traces for timeline-stats and calibrate --decision ---------------------------------------------------
 
 def _ev(**kw) -> dict:

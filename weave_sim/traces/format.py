@@ -63,6 +63,7 @@ class RoutingTrace:
             raise TraceError(f"topk_ids must have rank 3 [num_tokens, num_layers, top_k], got shape {ids.shape}")
         if not np.issubdtype(ids.dtype, np.integer):
             raise TraceError(f"topk_ids must be an integer array, got dtype {ids.dtype}")
+        _check_int64_range("topk_ids", ids)
         object.__setattr__(self, "topk_ids", ids.astype(np.int64, copy=False))
         if self.topk_probs is not None:
             probs = np.asarray(self.topk_probs)
@@ -80,6 +81,7 @@ class RoutingTrace:
                 raise TraceError(f"{name} must have shape [{ids.shape[0]}] (one per token), got {arr.shape}")
             if not np.issubdtype(arr.dtype, np.integer):
                 raise TraceError(f"{name} must be an integer array, got dtype {arr.dtype}")
+            _check_int64_range(name, arr)
             object.__setattr__(self, name, arr.astype(np.int64, copy=False))
         if not isinstance(self.metadata, dict):
             raise TraceError(f"metadata must be a dict, got {type(self.metadata).__name__}")
@@ -122,6 +124,12 @@ def resolve_model(name: str, where: str = "") -> ModelPreset:
         return get_model(name)
     except (KeyError, ValueError) as exc:
         raise TraceError(f"{where}{exc.args[0] if exc.args else exc}") from None
+
+
+def _check_int64_range(name: str, arr: np.ndarray) -> None:
+    """Unsigned values above int64's range would wrap to negative numbers when stored as int64."""
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TraceError(f"{name} holds {int(arr.max())}, beyond the int64 range a trace stores")
 
 
 def validate_trace(trace: RoutingTrace, preset: ModelPreset, where: str = "") -> None:
