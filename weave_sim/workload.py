@@ -194,10 +194,13 @@ def layer_workload(topk_ids, model: ModelPreset, placement: Placement) -> LayerW
     pair_counts = np.zeros((num_gpus, num_gpus, num_experts), dtype=np.int64)
     experts = np.arange(num_experts)
     pair_counts[:, placement.owner, experts] = per_src
-    needs = np.zeros((ids.shape[0], num_gpus), dtype=bool)
-    needs[np.arange(ids.shape[0])[:, None], placement.owner[ids]] = True
-    dispatch_rows = np.zeros((num_gpus, num_gpus), dtype=np.int64)
-    np.add.at(dispatch_rows, src, needs.astype(np.int64))
+    # distinct destination GPUs of each token: its owners sorted, each counted where it first appears
+    # (tokens x top_k memory, never tokens x GPUs)
+    dest = np.sort(placement.owner[ids], axis=1)
+    first = np.ones(dest.shape, dtype=bool)
+    first[:, 1:] = dest[:, 1:] != dest[:, :-1]
+    pairs = np.broadcast_to(src[:, None], dest.shape)[first] * num_gpus + dest[first]
+    dispatch_rows = np.bincount(pairs, minlength=num_gpus * num_gpus).reshape(num_gpus, num_gpus).astype(np.int64)
     tokens = np.bincount(src, minlength=num_gpus).astype(np.int64)
     return LayerWorkload(model, placement, pair_counts, dispatch_rows, tokens)
 

@@ -53,6 +53,13 @@ def test_conservation_and_identities(sc):
         foreign = placement.owner != g
         assert w.pair_counts[:, g, foreign].sum() == 0
     assert (w.active_local_experts <= placement.experts_per_gpu()).all()
+    # dispatch rows: each token counted once per distinct GPU that owns one of its experts
+    src = split_tokens(n, placement.num_gpus)
+    want = np.zeros((placement.num_gpus, placement.num_gpus), dtype=np.int64)
+    for t in range(n):
+        for d in {int(placement.owner[e]) for e in ids[t]}:
+            want[src[t], d] += 1
+    np.testing.assert_array_equal(w.dispatch_rows, want)
 
 
 def test_workload_by_hand():
