@@ -514,6 +514,14 @@ def main(argv=None) -> int:
             print(f"weave fraction of the lower bound at 4096 (mean): "
                   f"{f'{100 * lb:.1f}%' if lb is not None and math.isfinite(lb) else 'n/a (no 4096-token point)'}; "
                   f"in-kernel choice == weave_sim.costmodel.choose: {wg['choice_agreement']} (rank, config) pairs")
+            sus = wg.get("sustained")
+            if sus:
+                lb = sus["weave_fraction_of_lower_bound_4096_mean"]
+                print(f"sustained ({sus['points']} points, each policy back to back): weave vs best static:C per "
+                      f"config {ratio(sus['weave_vs_best_static'])} (worst {ratio(sus['weave_vs_best_static_worst'])}), "
+                      f"vs static:20 {ratio(sus['weave_vs_static20'])}, vs reference {ratio(sus['weave_vs_reference'])}; "
+                      f"fraction of the lower bound at 4096 (mean): "
+                      f"{f'{100 * lb:.1f}%' if lb is not None else 'n/a (no 4096-token point)'}")
             if "weave_vs_nosteal" in wg:
                 print(f"geomean t(weave-nosteal) / t(weave): {wg['weave_vs_nosteal']:.3f} (above 1: stealing pays)")
     if sampler is not None:

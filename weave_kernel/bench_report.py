@@ -114,6 +114,35 @@ def weave_geomeans(rows: list[dict]) -> dict:
         out["weave_vs_nosteal"] = geomean(ns)
     agree = [a for r in rows for a in r.get("weave_choice", {}).get("agrees", [])]
     out["choice_agreement"] = f"{sum(agree)}/{len(agree)}"
+    sustained = sustained_geomeans(rows)
+    if sustained:
+        out["sustained"] = sustained
+    return out
+
+
+def sustained_geomeans(rows: list[dict]) -> dict | None:
+    """weave against the other policies on the sustained times (bench --sustained: each policy back to back, the
+    clock a power-capped GPU holds under a stream of layers; docs/power.md), over the results that have them:
+    geomeans of t(policy) / t(weave), the worst configuration against its best static:C, and the fraction of the
+    lower bound at 4096 tokens. None when no result has sustained times for weave."""
+    sel = [r for r in rows if (r.get("sustained_ms") or {}).get("weave")]
+    if not sel:
+        return None
+
+    def geomean(v):
+        return float(np.exp(np.mean(np.log(v)))) if v else None
+
+    def vs(policy):
+        return geomean([r["sustained_ms"][policy] / r["sustained_ms"]["weave"] for r in sel
+                        if r["sustained_ms"].get(policy)])
+
+    best = [min(t for p, t in r["sustained_ms"].items() if p.startswith("static:")) / r["sustained_ms"]["weave"]
+            for r in sel if any(p.startswith("static:") for p in r["sustained_ms"])]
+    out = {"points": len(sel), "weave_vs_static20": vs("static:20"), "weave_vs_reference": vs("reference"),
+           "weave_vs_best_static": geomean(best), "weave_vs_best_static_worst": min(best) if best else None}
+    lb = [r["lower_bound_ms"] / r["sustained_ms"]["weave"] for r in sel
+          if r["tokens_per_gpu"] == 4096 and r.get("lower_bound_ms")]
+    out["weave_fraction_of_lower_bound_4096_mean"] = float(np.mean(lb)) if lb else None
     return out
 
 

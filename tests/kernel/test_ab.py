@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from weave_kernel.bench import parse_args
-from weave_kernel.bench_report import ab_summary, format_weave_table, graph_summary, ratio, weave_geomeans
+from weave_kernel.bench_report import (ab_summary, format_weave_table, graph_summary, ratio, sustained_geomeans,
+                                       weave_geomeans)
 from weave_kernel.build import CSRC, load_extension, other_name
 
 
@@ -113,6 +114,28 @@ def test_weave_summary_without_static20_or_a_sweep():
     assert g["weave_fraction_of_lower_bound_4096_mean"] == 0.5 and g["choice_agreement"] == "1/1"
     line = format_weave_table([row]).splitlines()[1]
     assert "nan" not in line and line.split()[7:9] == ["-", "-"]  # best weave:C and its ms
+
+
+def test_sustained_summary_from_the_sustained_times():
+    """bench --sustained: weave against the other policies on the back-to-back times, not the bench-style ones."""
+    def row(tokens, sus, lb=1.0):
+        return {"model": "m", "tokens_per_gpu": tokens, "lower_bound_ms": lb, "sustained_ms": sus,
+                "latency_ms": {"reference": 9.0, "static:8": 9.0, "static:20": 9.0, "weave": 1.0}}
+
+    rows = [row(4096, {"reference": 4.0, "static:8": 2.2, "static:20": 2.4, "weave": 2.0}),
+            row(2048, {"reference": 2.5, "static:8": 0.9, "static:20": 1.1, "weave": 1.0}),
+            row(8192, {"static:8": 4.0, "weave": 4.0})]  # no static:20 or reference here
+    g = sustained_geomeans(rows)
+    assert g["points"] == 3
+    assert g["weave_vs_static20"] == pytest.approx((1.2 * 1.1) ** 0.5)
+    assert g["weave_vs_reference"] == pytest.approx((2.0 * 2.5) ** 0.5)
+    assert g["weave_vs_best_static"] == pytest.approx((1.1 * 0.9 * 1.0) ** (1 / 3))
+    assert g["weave_vs_best_static_worst"] == pytest.approx(0.9)
+    assert g["weave_fraction_of_lower_bound_4096_mean"] == pytest.approx(0.5)
+    assert sustained_geomeans([{**rows[0], "sustained_ms": None}]) is None  # a run without --sustained
+    assert "sustained" not in weave_geomeans([{**rows[0], "sustained_ms": None, "weave_vs_best_static": 1.0,
+                                              "weave_vs_static20": 1.0, "weave_vs_reference": 1.0,
+                                              "speedup_best_static": 1.0}])
 
 
 def test_tables_keep_their_columns_for_long_model_specs():
