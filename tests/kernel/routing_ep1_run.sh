@@ -4,8 +4,10 @@
 # 4096, 8192} x four layers spread over the depth) and GPT-OSS-20B on its recorded trace, each with the reference,
 # sequential, static:8, static:20 and weave (the in-kernel choice checked against Python's on every call). Files in
 # $OUT/routing (bench JSON and logs); a table last. Knobs: END_S, ROUTING_REPEATS (3), ROUTING_RUNS (trace,fitted),
-# ROUTING_TOKENS (2048,4096,8192), ROUTING_MODELS (the six; fitted only), ROUTING_SUSTAINED (seconds: also every policy timed back to back, bench
-# --sustained; unset = bench-style only), ROUTING_QUICK (1: gpu_worker --quick first; 0 skips it).
+# ROUTING_TOKENS (2048,4096,8192), ROUTING_MODELS (the six; fitted only), ROUTING_QUICK (1: gpu_worker --quick first;
+# 0 skips it), ROUTING_SUSTAINED (seconds: also every policy timed back to back, bench --sustained; unset =
+# bench-style only). With ROUTING_SUSTAINED=0.5 the six models take two calls (the first ran 50 of the 72 points in
+# its 10 minutes): ROUTING_MODELS=deepseek-v2,deepseek-v3 for the second, tests/kernel/merge_bench.py to join them.
 # On the CPU machine afterwards: weave-sim validate FILE --profile h200-megakernel-ep1 (and -power-ep1).
 source tests/kernel/device_env.sh
 R=$OUT/routing; mkdir -p $R
@@ -40,6 +42,8 @@ print(sys.argv[1].rsplit("/", 1)[-1], "complete" if d.get("complete") else "INCO
       {k: (round(v, 4) if isinstance(v, float) else v) for k, v in g.items()},
       "bound@4096", round(d.get("weave_geomeans", {}).get("weave_fraction_of_lower_bound_4096_mean", float("nan")), 4),
       "choice", d.get("weave_geomeans", {}).get("choice_agreement"))
+if d.get("weave_geomeans", {}).get("sustained"):
+    print("  sustained", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d["weave_geomeans"]["sustained"].items()})
 EOF
 done
 echo "done [${SECONDS}s]"
