@@ -25,7 +25,7 @@ OUT=$R SAN_TIMEOUT=120 bash tests/kernel/device_run.sh ${FINAL_STAGES:-build,tes
 DISP=${FINAL_DISPATCH:+--dispatch $FINAL_DISPATCH}
 bench() { local name=$1; shift; timeout ${BENCH_TIMEOUT:-280} torchrun --nproc_per_node=$NPROC -m weave_kernel.bench --repeats $REP $DISP "$@" \
   --out $R/$name.json > $R/$name.log 2>&1; echo "$name rc $? [${SECONDS}s]"; }
-# FINAL_RUNS: which runs (default A,B,decode,traces; add R, P, F8, F8BF, F8D, F8B, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
+# FINAL_RUNS: which runs (default A,B,decode,traces; add R, RS, P, F8, F8BF, F8D, F8B, SH, E2E, S, calib, traces_fitted, D and DW). A device call is limited to 10 min, so a
 # full set takes several calls, each with its own FINAL_RUNS and tarball (results_$TAG.tgz is overwritten per call:
 # vary FINAL_TAG's suffix or fetch it in between).
 RUNS=${FINAL_RUNS:-A,B,decode,traces}
@@ -124,6 +124,13 @@ want decode && bench bench_decode_$TAG --models $M --tokens 128 --comm 4,8,20 --
 if [ -n "${FINAL_SUSTAINED:-}" ] || want S; then
   BENCH_TIMEOUT=420 bench bench_S_$TAG --models $M --tokens 2048,4096,8192 --comm 8,20 --weave-comm= --repeats 3 --sustained ${FINAL_SUSTAINED:-1}
 fi
+# RS: run R's realistic routing with every policy also timed back to back for 0.5 s, the timing to compare on the
+# largest layers, whose bench-style times the power limiter's clock dips set (docs/results.md "Realistic routing at
+# EP=1 on the current kernel"). On one H200 that took 8-13 s a point (about 800 s for the 72), so the six models
+# go in three calls split by FINAL_MODELS (the three small models; phi-3.5-moe,deepseek-v2; deepseek-v3), joined by
+# tests/kernel/merge_bench.py
+want RS && BENCH_TIMEOUT=${BENCH_TIMEOUT:-500} bench bench_RS_$TAG --models $M --tokens 2048,4096,8192 --synthetic fitted \
+  --comm 8,20 --weave-comm= --repeats 3 --sustained 0.5
 if [ -n "${FINAL_CALIB:-}" ] || want calib; then
   timeout ${CALIB_TIMEOUT:-300} torchrun --nproc_per_node=$NPROC -m weave_kernel.calibrate $DISP --out $R/calib_$TAG.json \
     > $R/calib_$TAG.log 2>&1; echo "calib rc $? [${SECONDS}s]"
