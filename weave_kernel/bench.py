@@ -54,7 +54,8 @@ from .routing import RoutingSpec, add_routing_args, parse_layers, rank_routing, 
 from .gpu_state import GpuStateSampler
 from .symm import init_ranks
 from .geometry import check_geometry
-from .bench_report import ab_summary, format_table, format_weave_table, graph_summary, ratio, run_header, weave_geomeans
+from .bench_report import (ab_summary, format_table, format_weave_table, geomean, graph_summary, ratio, run_header,
+                           weave_geomeans)
 from .bench_timing import (ab_times, graph_of, host_us_per_call, max_over_ranks, sustained_times, time_policies,
                            warm_gpu)
 
@@ -454,7 +455,7 @@ def main(argv=None) -> int:
                "results": rows,
                "weave_geomeans": weave_geomeans(rows) if not args.no_weave else None}
         if rows:
-            doc["geomean_speedup_best_static"] = float(np.exp(np.mean(np.log([r["speedup_best_static"] for r in rows]))))
+            doc["geomean_speedup_best_static"] = geomean([r["speedup_best_static"] for r in rows])
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1)
@@ -485,9 +486,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     header = run_header(args, world, gpu)
     if rank == 0:
-        def geomean(v):
-            return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
-
         geo = geomean([r["speedup_best_static"] for r in rows])
         geo_prefill = geomean([r["speedup_best_static"] for r in rows if r["tokens_per_gpu"] >= 2048])
         lb4096 = [r["fraction_of_lower_bound"] for r in rows if r["tokens_per_gpu"] == 4096]

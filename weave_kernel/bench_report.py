@@ -85,11 +85,13 @@ def ratio(v) -> str:
     return f"{v:.3f}x" if v is not None and math.isfinite(v) else "n/a"
 
 
-def weave_geomeans(rows: list[dict]) -> dict:
-    def geomean(v):
-        v = [x for x in v if x]
-        return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
+def geomean(v) -> float:
+    """Geometric mean of the values given (None or 0, a policy the run lacks, left out); NaN when none is left."""
+    v = [x for x in v if x]
+    return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
 
+
+def weave_geomeans(rows: list[dict]) -> dict:
     out = {}
     for label, sel in (("all", rows), ("prefill", [r for r in rows if r["tokens_per_gpu"] >= 2048])):
         sel = [r for r in sel if "weave_vs_best_static" in r]
@@ -128,9 +130,6 @@ def sustained_geomeans(rows: list[dict]) -> dict | None:
     sel = [r for r in rows if (r.get("sustained_ms") or {}).get("weave")]
     if not sel:
         return None
-
-    def geomean(v):
-        return float(np.exp(np.mean(np.log(v)))) if v else None
 
     def vs(policy):
         return geomean([r["sustained_ms"][policy] / r["sustained_ms"]["weave"] for r in sel
