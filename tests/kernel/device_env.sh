@@ -1,6 +1,10 @@
 # Sourced by the one-call device scripts (fp8_run.sh, ab_dtypes.sh, copy_ab.sh, ...): the carried wheels (.whl:
 # simpy, nvidia-cutlass) into /tmp/site, the environment every stage needs, and has(), true when $STAGES lists $1.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if compgen -G '.whl/*.whl' > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+else
+  echo "device_env.sh: no wheels in $PWD/.whl (carry .whl: the device image lacks simpy and nvidia-cutlass)" >&2
+fi
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/weave_ext NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 has() { [[ ",$STAGES," == *",$1,"* ]]; }

@@ -17,7 +17,7 @@
 # so a call that runs long keeps what it measured.
 set -o pipefail
 source tests/kernel/device_env.sh  # the carried wheels (.whl), the environment (the tree on PYTHONPATH), left()
-R=/tmp/results; mkdir -p $R; REAL_OUT=$OUT
+R=${FINAL_RESULTS_DIR:-/tmp/results}; mkdir -p $R; REAL_OUT=$OUT  # (FINAL_RESULTS_DIR: the stubbed test's folder)
 TAG=${FINAL_TAG:-final}; REP=${FINAL_REPEATS:-5}
 END=${END_S:-570}
 cap() { local l; l=$(left 15); echo $(( $1 < l ? $1 : l )); }  # a step's timeout: $1 s, or what is left if less

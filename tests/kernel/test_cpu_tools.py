@@ -108,3 +108,38 @@ def test_fp8_table_check_runs_small(capsys):
     out = capsys.readouterr().out
     ratio = float(out.split("t(bf16 table) / t(FP8 table)")[1].split()[0])
     assert 0.95 < ratio < 1.05 and "geomean" in out
+
+
+def test_final_run_stops_in_time_and_keeps_what_it_measured(tmp_path):
+    """final_run.sh (the two-GPU session's script) caps each step by what is left of the call and packs its results
+    after every step: with torchrun replaced by a 60 s sleep and END_S=12, both benchmarks of run R are cut short
+    (rc 124), the script ends well before the sleeps would, and the tarball holds both logs."""
+    import shutil
+    import tarfile
+    import time
+
+    import pytest
+
+    if any(shutil.which(t) is None for t in ("bash", "timeout", "tar")):
+        pytest.skip("needs bash, timeout and tar")
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "torchrun").write_text("#!/bin/bash\nsleep 60\n")
+    (stubs / "nvidia-smi").write_text("#!/bin/bash\necho 'GPU 0: stub'\n")
+    for f in stubs.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(out), "END_S": "12",
+           "FINAL_STAGES": "none", "FINAL_RUNS": "R", "FINAL_MODELS": "qwen3-30b-a3b", "FINAL_TAG": "stub",
+           "FINAL_RESULTS_DIR": str(tmp_path / "results"), "NPROC": "1"}
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "tests/kernel/final_run.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=100)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "bench_R_stub rc 124" in r.stdout and "bench_Rtrace_stub rc 124" in r.stdout, r.stdout
+    assert took < 40, took
+    with tarfile.open(out / "results_stub.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"bench_R_stub.log", "bench_Rtrace_stub.log", "stages.log"} <= names
